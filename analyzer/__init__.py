@@ -1,0 +1,1 @@
+"""Pure analysis: rule matching, detectors and correlation into incidents."""

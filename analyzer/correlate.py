@@ -1,0 +1,264 @@
+"""Correlation: fold findings that share a cause into one incident with that cause named.
+
+Pure and deterministic: time comes from the findings, never from a clock. An NCCL
+timeout on every rank after an Xid 79 on one node becomes ONE incident rooted at
+that node, whichever arrives first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from analyzer.records import (
+    ACTION_RANK,
+    SEVERITY_RANK,
+    Finding,
+    FaultClass,
+    Incident,
+    IncidentState,
+    Location,
+    TimelineEntry,
+)
+
+DEFAULT_WINDOW_S = 1200.0
+"""How far apart a cause and its symptoms may be: NCCL's default 600 s timeout plus margin."""
+
+
+def incident_id_for(finding: Finding) -> str:
+    """Stable incident id derived from the finding that opened it."""
+    return "inc-" + hashlib.sha256(finding.id.encode()).hexdigest()[:12]
+
+
+@dataclass(slots=True)
+class _Draft:
+    id: str
+    root: Finding
+    findings: list[Finding]
+    state: IncidentState = IncidentState.OPEN
+    timeline: list[TimelineEntry] = field(default_factory=list)
+    merged_into: str | None = None
+
+    @property
+    def symptom_only(self) -> bool:
+        return self.root.is_symptom_class
+
+    @property
+    def first_ts(self) -> float:
+        return min(f.ts for f in self.findings)
+
+    @property
+    def last_ts(self) -> float:
+        return max(f.ts for f in self.findings)
+
+
+class Correlator:
+    """Folds findings into incidents, incrementally and idempotently."""
+
+    def __init__(self, *, window_s: float = DEFAULT_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._drafts: dict[str, _Draft] = {}
+        self._by_finding: dict[str, str] = {}
+        self._job_nodes: dict[str, set[str]] = defaultdict(set)
+        self._node_jobs: dict[str, set[str]] = defaultdict(set)
+
+    # -- placement (job <-> node), learned from signals and findings --------
+
+    def observe_placement(self, job: str, node: str) -> None:
+        """Record that `job` runs (or ran) on `node`."""
+        self._job_nodes[job].add(node)
+        self._node_jobs[node].add(job)
+
+    def jobs_on(self, node: str) -> frozenset[str]:
+        """Jobs seen on a node."""
+        return frozenset(self._node_jobs.get(node, ()))
+
+    # -- folding -------------------------------------------------------------
+
+    def add(self, finding: Finding) -> Incident:
+        """Fold one finding; returns the incident it now belongs to."""
+        known = self._by_finding.get(finding.id)
+        if known is not None:
+            return self._view(self._live(known))
+        if finding.where.job and finding.where.node:
+            self.observe_placement(finding.where.job, finding.where.node)
+        finding = self._with_inferred_job(finding)
+        if finding.is_symptom_class:
+            draft = self._cause_for(finding) or self._same_symptom(finding)
+            if draft is None:
+                draft = self._open(finding)
+            else:
+                self._attach(draft, finding)
+        else:
+            draft = self._same_cause(finding)
+            if draft is None:
+                draft = self._adopt_symptoms(finding) or self._open(finding)
+            else:
+                self._attach(draft, finding)
+        return self._view(draft)
+
+    def add_all(self, findings: Iterable[Finding]) -> list[Incident]:
+        """Fold many findings; returns each touched incident once, in first-touch order."""
+        touched: dict[str, Incident] = {}
+        for f in findings:
+            inc = self.add(f)
+            touched[inc.id] = inc
+        return [self._view(self._drafts[i]) for i in touched]
+
+    def set_state(self, incident_id: str, state: IncidentState, ts: float, why: str) -> Incident:
+        """Move an incident along its lifecycle (the service does this as healing goes)."""
+        draft = self._drafts[incident_id]
+        draft.state = state
+        draft.timeline.append(TimelineEntry(ts, f"{state.value}: {why}"))
+        return self._view(draft)
+
+    def incidents(self) -> list[Incident]:
+        """All incidents not merged into another, oldest first."""
+        live = [d for d in self._drafts.values() if d.merged_into is None]
+        return [self._view(d) for d in sorted(live, key=lambda d: d.first_ts)]
+
+    def get(self, incident_id: str) -> Incident | None:
+        """One incident by id (follows merges)."""
+        if incident_id not in self._drafts:
+            return None
+        return self._view(self._live(incident_id))
+
+    # -- internals -----------------------------------------------------------
+
+    def _live(self, incident_id: str) -> _Draft:
+        d = self._drafts[incident_id]
+        while d.merged_into is not None:
+            d = self._drafts[d.merged_into]
+        return d
+
+    def _with_inferred_job(self, f: Finding) -> Finding:
+        # Kernel lines name no job; if exactly one job runs on the node, it is that job's.
+        if f.where.job is None and f.where.node:
+            jobs = self._node_jobs.get(f.where.node, set())
+            if len(jobs) == 1:
+                return replace(f, where=replace(f.where, job=next(iter(jobs))))
+        return f
+
+    def _open_drafts(self) -> Iterable[_Draft]:
+        return (
+            d for d in self._drafts.values()
+            if d.merged_into is None and d.state in (IncidentState.OPEN, IncidentState.REMEDIATING)
+        )
+
+    def _near(self, d: _Draft, ts: float) -> bool:
+        return d.first_ts - self.window_s <= ts <= d.last_ts + self.window_s
+
+    def _related(self, cause: Finding, symptom: Finding) -> bool:
+        """Whether a cause on some node can explain a symptom seen by some rank."""
+        if cause.where.node and cause.where.node == symptom.where.node:
+            return True
+        job = symptom.where.job
+        if job is not None:
+            if cause.where.job == job:
+                return True
+            return cause.where.node is not None and cause.where.node in self._job_nodes.get(job, ())
+        return False
+
+    def _cause_for(self, symptom: Finding) -> _Draft | None:
+        best: _Draft | None = None
+        for d in self._open_drafts():
+            r = d.root
+            if d.symptom_only or r.fault_class not in symptom.symptom_of:
+                continue
+            if not self._near(d, symptom.ts) or not self._related(r, symptom):
+                continue
+            if best is None or d.first_ts < best.first_ts:
+                best = d
+        return best
+
+    def _same_symptom(self, f: Finding) -> _Draft | None:
+        for d in self._open_drafts():
+            if not d.symptom_only or d.root.fault_class != f.fault_class or not self._near(d, f.ts):
+                continue
+            if f.where.job is not None and f.where.job == d.root.where.job:
+                return d
+            if f.where.job is None and d.root.where.job is None and f.where.node == d.root.where.node:
+                return d
+        return None
+
+    def _cause_key(self, f: Finding) -> tuple[object, ...]:
+        if f.hardware:
+            return (f.fault_class, f.where.node, f.where.pci or f.where.gpu, f.where.port)
+        # Application faults group by job (fleet-wide Xid 13 from one job is one incident).
+        return (f.fault_class, f.where.job or f.where.node)
+
+    def _same_cause(self, f: Finding) -> _Draft | None:
+        key = self._cause_key(f)
+        for d in self._open_drafts():
+            if not d.symptom_only and self._cause_key(d.root) == key and self._near(d, f.ts):
+                return d
+        return None
+
+    def _adopt_symptoms(self, cause: Finding) -> _Draft | None:
+        """A cause arriving after its symptoms takes over their incident(s) as root."""
+        orphans = [
+            d for d in self._open_drafts()
+            if d.symptom_only and cause.fault_class in d.root.symptom_of
+            and self._near(d, cause.ts) and any(self._related(cause, s) for s in d.findings)
+        ]
+        if not orphans:
+            return None
+        orphans.sort(key=lambda d: d.first_ts)
+        keep = orphans[0]
+        for other in orphans[1:]:
+            keep.findings.extend(other.findings)
+            for s in other.findings:
+                self._by_finding[s.id] = keep.id
+            other.merged_into = keep.id
+        keep.root = cause
+        keep.findings.insert(0, cause)
+        self._by_finding[cause.id] = keep.id
+        keep.timeline.append(TimelineEntry(cause.ts, f"root cause found: {cause.rule_id} on {cause.where.node}"))
+        return keep
+
+    def _open(self, f: Finding) -> _Draft:
+        d = _Draft(id=incident_id_for(f), root=f, findings=[f])
+        d.timeline.append(TimelineEntry(f.ts, f"opened by {f.rule_id} on {f.where.node}"))
+        self._drafts[d.id] = d
+        self._by_finding[f.id] = d.id
+        return d
+
+    def _attach(self, d: _Draft, f: Finding) -> None:
+        d.findings.append(f)
+        self._by_finding[f.id] = d.id
+
+    def _view(self, d: _Draft) -> Incident:
+        root = d.root
+        jobs = {f.where.job for f in d.findings if f.where.job}
+        causes = [f for f in d.findings if not f.is_symptom_class] or [root]
+        action = max((f.recommended_action for f in causes), key=lambda a: ACTION_RANK[a])
+        severity = max((f.severity for f in d.findings), key=lambda s: SEVERITY_RANK[s])
+        rc: Location = root.where
+        if rc.job is None and len(jobs) == 1:
+            rc = replace(rc, job=next(iter(jobs)))
+        if d.symptom_only:
+            rc = self._symptom_root(d)
+        return Incident(
+            id=d.id, fault_class=root.fault_class, severity=severity, hardware=root.hardware,
+            recommended_action=action, root_cause=rc, opened_at=d.first_ts, updated_at=d.last_ts,
+            findings=tuple(d.findings), jobs=frozenset(jobs), state=d.state,
+            timeline=tuple(d.timeline),
+        )
+
+    @staticmethod
+    def _symptom_root(d: _Draft) -> Location:
+        # Without a hardware cause, name only what all symptoms agree on (the job);
+        # detectors (hang, flight recorder) narrow it to a rank later.
+        nodes = {f.where.node for f in d.findings}
+        root = d.root.where
+        return Location(
+            node=root.node if len(nodes) == 1 else None, job=root.job,
+            rank=root.rank if len(d.findings) == 1 else None,
+        )
+
+
+def fault_classes(incidents: Iterable[Incident]) -> list[FaultClass]:
+    """Fault classes of incidents, in order (handy for tests and summaries)."""
+    return [i.fault_class for i in incidents]

@@ -1,0 +1,75 @@
+"""Rule matching: signals in, findings out (pure)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from analyzer.records import Finding, Location
+from analyzer.rules import Rule
+from collector.signal import LogLine, Signal
+
+_PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.[0-7])?$")
+
+
+def normalize_pci(raw: str) -> str:
+    """Canonical PCI id ``dddd:bb:dd`` (NVML's ``00000000:3B:00.0`` and Xid's ``0000:3b:00`` agree)."""
+    m = _PCI.match(raw.strip())
+    if not m:
+        return raw.strip().lower()
+    dom = int(m.group("dom") or "0", 16)
+    return f"{dom:04x}:{m.group('bus').lower()}:{m.group('dev').lower()}"
+
+
+def _int_or_none(raw: str | None) -> int | None:
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: dict[str, str]) -> Finding:
+    """Build the finding for one matched line: fields come only from matched lines."""
+    fields = {k: v for k, v in rule.fields}
+    fields.update({k: v for k, v in groups.items() if v is not None})
+    pci = normalize_pci(fields["pci"]) if "pci" in fields else None
+    rank = _int_or_none(fields.get("rank"))
+    return Finding(
+        id=f"{rule.id}:{signal.id}",
+        ts=signal.ts,
+        fault_class=rule.fault_class,
+        severity=rule.severity,
+        hardware=rule.hardware is True,
+        where=Location(
+            node=signal.node, gpu=fields.get("gpu"), pci=pci, port=fields.get("port"),
+            rank=rank if rank is not None else line.rank, job=line.job,
+        ),
+        rule_id=rule.id,
+        recommended_action=rule.recommended_action,
+        evidence=(signal.id,),
+        message=line.text[:500],
+        symptom_of=rule.symptom_of,
+        fields=fields,
+    )
+
+
+class RegexMatcher:
+    """Per-rule regex matcher; every rule is tried on every log line of its sources."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.rules = tuple(rules)
+
+    def match(self, signals: Iterable[Signal]) -> list[Finding]:
+        """All findings for the log-line signals of a batch, in signal order."""
+        out: list[Finding] = []
+        for sig in signals:
+            line = sig.payload
+            if not isinstance(line, LogLine):
+                continue
+            for rule in self.rules:
+                if not rule.applies_to(sig.source):
+                    continue
+                m = rule.regex.search(line.text)
+                if m:
+                    out.append(finding_from_match(rule, sig, line, m.groupdict()))
+        return out

@@ -1,0 +1,33 @@
+"""Analyzer facade: signals in, changed incidents out (pure, stateful, replayable)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from analyzer.correlate import Correlator
+from analyzer.matcher import RegexMatcher
+from analyzer.records import Finding, Incident
+from analyzer.rules import Rule
+from collector.signal import LogLine, Signal
+
+
+class Analyzer:
+    """Matches rules on signal batches and folds the findings into incidents."""
+
+    def __init__(self, rules: Sequence[Rule], *, correlator: Correlator | None = None) -> None:
+        self.rules = tuple(rules)
+        self.matcher = RegexMatcher(self.rules)
+        self.correlator = correlator or Correlator()
+
+    def findings(self, signals: Sequence[Signal]) -> list[Finding]:
+        """Findings of a batch, without folding (also learns job placement)."""
+        for sig in signals:
+            p = sig.payload
+            if isinstance(p, LogLine) and p.job:
+                self.correlator.observe_placement(p.job, sig.node)
+        return self.matcher.match(signals)
+
+    def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:
+        """Findings of a batch and the incidents they created or changed."""
+        found = self.findings(signals)
+        return found, self.correlator.add_all(found)

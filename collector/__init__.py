@@ -1,0 +1,1 @@
+"""Node-side collection: sources, batching and shipping of Signals."""

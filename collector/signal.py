@@ -1,0 +1,89 @@
+"""Signal: one observation from one node, the record the collector stage produces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Source(StrEnum):
+    """Where on the node a signal came from."""
+
+    KERNEL = "kernel"
+    CONTAINER = "container"
+    NVML = "nvml"
+    DCGM = "dcgm"
+    IB = "ib"
+    ALERT = "alert"
+    PROGRESS = "progress"
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """A line of text from the kernel log or a container log."""
+
+    text: str
+    """The line itself, without trailing newline or CRI prefix."""
+    namespace: str | None = None
+    """Kubernetes namespace of the pod that wrote it (container logs only)."""
+    pod: str | None = None
+    """Pod name (container logs only)."""
+    container: str | None = None
+    """Container name inside the pod (container logs only)."""
+    job: str | None = None
+    """Training job the pod belongs to, from pod labels, if known."""
+    rank: int | None = None
+    """Global rank of the process that wrote the line, if known."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSample:
+    """One sample of a numeric metric (NVML, DCGM, IB counters, alerts)."""
+
+    name: str
+    """Metric name, e.g. ``DCGM_FI_DEV_XID_ERRORS`` or ``ib_link_downed``."""
+    value: float
+    """Sample value."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels such as ``gpu`` index, ``pci`` bus id, ``device``/``port`` of a NIC."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressSample:
+    """Training progress reported by one rank of one job."""
+
+    job: str
+    """Training job name."""
+    rank: int
+    """Global rank."""
+    step: int
+    """Optimizer step (iteration) just completed."""
+    step_time: float | None = None
+    """Seconds the step took, if the trainer reports it."""
+    phases: Mapping[str, float] = field(default_factory=dict)
+    """Optional per-phase seconds (forward, backward, optimizer, comm_wait)."""
+
+
+Payload = LogLine | MetricSample | ProgressSample
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One observation from one node with a stable id, so redelivery is harmless."""
+
+    id: str
+    """Stable id: node + source + file identity + offset (or sequence)."""
+    node: str
+    """Kubernetes node name the observation is about."""
+    source: Source
+    """Which source produced it."""
+    ts: float
+    """Observation time, seconds since the Unix epoch."""
+    payload: Payload
+    """Exactly one of a log line, a metric sample or a progress sample."""
+
+    @property
+    def text(self) -> str | None:
+        """The log text when the payload is a log line, else ``None``."""
+        return self.payload.text if isinstance(self.payload, LogLine) else None

@@ -1,0 +1,102 @@
+"""JSON wire format of signal batches (``POST /v1/signals``), shared by agent and service.
+
+Pydantic lives here because this is a boundary: a malformed batch is rejected whole
+and the error names the field (``signals.3.payload.text``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from collector.signal import LogLine, MetricSample, ProgressSample, Signal, Source
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LogPayload(_Strict):
+    """A log line on the wire."""
+
+    kind: Literal["log"] = "log"
+    text: str = Field(max_length=65536)
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    job: str | None = None
+    rank: int | None = Field(default=None, ge=0)
+
+
+class MetricPayload(_Strict):
+    """A metric sample on the wire."""
+
+    kind: Literal["metric"] = "metric"
+    name: str = Field(min_length=1, max_length=256)
+    value: float
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ProgressPayload(_Strict):
+    """A progress sample on the wire."""
+
+    kind: Literal["progress"] = "progress"
+    job: str = Field(min_length=1)
+    rank: int = Field(ge=0)
+    step: int = Field(ge=0)
+    step_time: float | None = Field(default=None, ge=0)
+    phases: dict[str, float] = Field(default_factory=dict)
+
+
+PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
+
+
+class SignalIn(_Strict):
+    """One signal on the wire."""
+
+    id: str = Field(min_length=1, max_length=512)
+    node: str = Field(min_length=1, max_length=253)
+    source: Source
+    ts: float = Field(gt=0)
+    payload: PayloadIn
+
+
+class SignalBatch(_Strict):
+    """A batch of signals; accepted or rejected as a whole."""
+
+    signals: list[SignalIn] = Field(max_length=50000)
+
+
+def to_record(s: SignalIn) -> Signal:
+    """Wire model to internal record."""
+    p = s.payload
+    payload: LogLine | MetricSample | ProgressSample
+    if isinstance(p, LogPayload):
+        payload = LogLine(p.text, p.namespace, p.pod, p.container, p.job, p.rank)
+    elif isinstance(p, MetricPayload):
+        payload = MetricSample(p.name, p.value, dict(p.labels))
+    else:
+        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases))
+    return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
+
+
+def to_wire(sig: Signal) -> dict[str, Any]:
+    """Internal record to a JSON-ready dict (what the agent ships)."""
+    p = sig.payload
+    body: dict[str, Any]
+    if isinstance(p, LogLine):
+        body = {"kind": "log", "text": p.text}
+        for k in ("namespace", "pod", "container", "job", "rank"):
+            v = getattr(p, k)
+            if v is not None:
+                body[k] = v
+    elif isinstance(p, MetricSample):
+        body = {"kind": "metric", "name": p.name, "value": p.value, "labels": dict(p.labels)}
+    else:
+        body = {"kind": "progress", "job": p.job, "rank": p.rank, "step": p.step}
+        if p.step_time is not None:
+            body["step_time"] = p.step_time
+        if p.phases:
+            body["phases"] = dict(p.phases)
+    return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

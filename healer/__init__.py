@@ -1,0 +1,1 @@
+"""Healing: policy, plans, safe execution through the Cluster port."""

@@ -1,0 +1,133 @@
+"""The Cluster port: the one narrow door through which the healer touches a cluster.
+
+Adapters: ``healer.kube.KubeCluster`` (official client, real API server) and
+``sim.cluster.SimCluster`` (in memory). Both pass ``tests/contract``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class ClusterError(Exception):
+    """Base of errors raised by Cluster adapters."""
+
+
+class TemporaryError(ClusterError):
+    """Retry later (409 conflict, 429, 5xx, timeouts); `delay` is a hint in seconds."""
+
+    def __init__(self, message: str, delay: float = 1.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class PermanentError(ClusterError):
+    """Do not retry (4xx other than 409/429); the message is the API's."""
+
+
+class NotFoundError(PermanentError):
+    """The object does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    """A node taint."""
+
+    key: str
+    """Taint key, e.g. ``kmend.io/fault``."""
+    value: str
+    """Taint value, e.g. the fault class."""
+    effect: str
+    """``NoSchedule``, ``PreferNoSchedule`` or ``NoExecute``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A node condition as kmend reads it back."""
+
+    type: str
+    """Condition type, e.g. ``KmendGPUHealthy``."""
+    status: str
+    """``True``, ``False`` or ``Unknown``."""
+    reason: str
+    """CamelCase reason."""
+    message: str
+    """Human-readable message."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What the healer needs to know about a node."""
+
+    name: str
+    """Node name."""
+    unschedulable: bool
+    """Cordoned."""
+    taints: tuple[Taint, ...] = ()
+    """All taints on the node."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Node labels (topology, spare pool, opt-out)."""
+    conditions: tuple[Condition, ...] = ()
+    """Node conditions."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterEvent:
+    """A Kubernetes Event about a node, as emitted by kmend."""
+
+    node: str
+    """Node the event is about."""
+    reason: str
+    """CamelCase reason."""
+    message: str
+    """Message."""
+    type: str = "Warning"
+    """``Normal`` or ``Warning``."""
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    """Side effects on a cluster.
+
+    Guarantees every adapter honours:
+    - every mutating call is idempotent: repeating it leaves the same state and
+      does not raise (cordoning a cordoned node, adding a taint that exists);
+    - ``NotFoundError`` for a missing node, ``TemporaryError`` for conditions a
+      retry can fix (conflicts, throttling, server errors), ``PermanentError``
+      for the rest;
+    - a taint or condition write replaces only its own key/type, never others'.
+    """
+
+    def list_nodes(self) -> Sequence[NodeInfo]:
+        """All nodes."""
+        ...
+
+    def get_node(self, name: str) -> NodeInfo:
+        """One node."""
+        ...
+
+    def cordon(self, name: str) -> None:
+        """Mark the node unschedulable."""
+        ...
+
+    def uncordon(self, name: str) -> None:
+        """Mark the node schedulable."""
+        ...
+
+    def add_taint(self, name: str, taint: Taint) -> None:
+        """Add or update the taint with this key and effect."""
+        ...
+
+    def remove_taint(self, name: str, key: str) -> None:
+        """Remove every taint with this key."""
+        ...
+
+    def set_condition(self, name: str, condition: Condition) -> None:
+        """Set one node condition through the status subresource."""
+        ...
+
+    def emit_event(self, event: ClusterEvent) -> None:
+        """Record a Kubernetes Event on the node."""
+        ...
