@@ -33,4 +33,18 @@ class Settings(BaseSettings):
     symptom_settle_s: float = Field(30.0, description="wait this long for a cause before acting on symptoms")
     healer_interval_s: float = 0.5
     notify_webhook_url: str | None = None
+    alertmanager_url: str | None = Field(None, description="Alertmanager base URL: notifications POST /api/v2/alerts")
     max_batch_bytes: int = 32 * 1024 * 1024
+    policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
+    operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")
+    health_check_template: Path | None = Field(None, description="validation Job template (deploy/healthcheck/)")
+    namespace: str = Field("kmend-system", description="namespace of kmend's own objects (health checks, Lease)")
+    lease_name: str = "kmend-healer"
+    lease_duration_s: int = 15
+    identity: str | None = Field(None, description="this replica's Lease holder identity (default: host name)")
+    sim_spares: int = Field(2, description="nodes of the simulated cluster that form the spare pool")
+    sim_job_nodes: int = Field(0, description="nodes a simulated PyTorchJob runs on (0: none)")
+    sim_checkpoint_path: str = ""
+    sim_state_file: Path | None = Field(None, description="keep the simulated cluster in this file across restarts")
+    sim_crash_after: int | None = Field(None, description="fault injection: SIGKILL after the N-th applied change")
+    sim_crash_before: int | None = Field(None, description="fault injection: SIGKILL before the N-th change lands")

@@ -25,10 +25,16 @@ def _store(url: str) -> Store:
 def test_migration_creates_every_table_at_head(database_url: str) -> None:
     store = _store(database_url)
     tables = set(inspect(store.engine).get_table_names())
-    assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version"} <= tables
-    assert store.revision() == "0001"
+    assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version", "audit_log", "breaker",
+            "node_requests", "leases_seen"} <= tables
+    assert store.revision() == "0002"
     store.migrate()  # idempotent
-    assert store.revision() == "0001"
+    assert store.revision() == "0002"
+    from kmend.store import schema
+
+    for table in schema.metadata.tables.values():  # the migrations create exactly the declared columns
+        got = {c["name"] for c in inspect(store.engine).get_columns(table.name)}
+        assert got == {c.name for c in table.columns}, table.name
 
 
 def test_repeated_signal_ids_are_stored_and_analyzed_once(database_url: str, shipped_rules: list[Rule]) -> None:
