@@ -167,7 +167,8 @@ class KubePodScheduling:
     @classmethod
     def from_kubeconfig(cls, path: str, *, clock: Callable[[], float], **kw: Any) -> KubePodScheduling:
         """An adapter for the cluster a kubeconfig file names."""
-        return cls(kube_config.new_client_from_config(config_file=path), clock=clock, **kw)
+        load: Callable[..., client.ApiClient] = kube_config.new_client_from_config
+        return cls(load(config_file=path), clock=clock, **kw)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
