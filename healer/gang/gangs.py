@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -64,9 +63,13 @@ def group_of(pod: PodRecord) -> str | None:
     return pod.labels.get(POD_GROUP_LABEL) or pod.annotations.get(VOLCANO_GROUP_ANNOTATION) or None
 
 
-def rank_key(pod: PodRecord) -> tuple[object, ...]:
-    """Natural order of pod names, so ``w-2`` comes before ``w-10`` and ranks stay adjacent."""
-    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", pod.name))
+def rank_key(pod: PodRecord) -> tuple[int, str]:
+    """Rank order of pod names, so ``w-2`` comes before ``w-10`` and ranks stay adjacent.
+
+    Gang members share a prefix and differ in a trailing index, so length then name is the
+    natural order at a fraction of the cost of splitting digits out of every name.
+    """
+    return len(pod.name), pod.name
 
 
 def order_key(gang: Gang) -> tuple[int, float, str]:
@@ -77,19 +80,21 @@ def order_key(gang: Gang) -> tuple[int, float, str]:
 def build_gangs(snapshot: Snapshot, config: SchedulerConfig) -> list[Gang]:
     """Gangs with at least one of our pods pending, in queue order."""
     pending: dict[str, list[PodRecord]] = {}
-    bound: dict[str, list[PodRecord]] = {}
     names: dict[str, tuple[str, str, bool]] = {}
-    for pod in snapshot.pods:
-        if pod.finished:
-            continue
+    ours = config.scheduler_name
+    for pod in [p for p in snapshot.pods
+                if not p.node_name and p.scheduler_name == ours and not p.terminating and not p.finished]:
         group = group_of(pod)
         key = f"{pod.namespace}/{group or pod.name}"
-        if pod.node_name:
-            if group and not pod.terminating:
+        pending.setdefault(key, []).append(pod)
+        names[key] = (pod.namespace, group or pod.name, group is not None)
+    bound: dict[str, list[PodRecord]] = {}
+    wanted = {key for key, (_, _, grouped) in names.items() if grouped}
+    if wanted:
+        for pod in [p for p in snapshot.pods if p.node_name and not p.terminating and not p.finished]:
+            group = group_of(pod)
+            if group and (key := f"{pod.namespace}/{group}") in wanted:
                 bound.setdefault(key, []).append(pod)
-        elif pod.scheduler_name == config.scheduler_name and not pod.terminating:
-            pending.setdefault(key, []).append(pod)
-            names[key] = (pod.namespace, group or pod.name, group is not None)
     groups = {f"{g.namespace}/{g.name}": g for g in snapshot.pod_groups}
     gangs: list[Gang] = []
     for key, pods in pending.items():

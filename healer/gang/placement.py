@@ -49,6 +49,11 @@ class Unfit:
 
 
 def _shapes(pods: tuple[PodRecord, ...]) -> list[tuple[tuple[PodRecord, ...], PodRecord]]:
+    first = pods[0]
+    # Most gangs are uniform; comparing fields is far cheaper than building a key per pod.
+    if all(p.requests == first.requests and p.tolerations == first.tolerations
+           and p.node_selector == first.node_selector and p.affinity == first.affinity for p in pods):
+        return [(pods, first)]
     groups: dict[ShapeKey, list[PodRecord]] = {}
     for pod in pods:
         groups.setdefault((tuple(sorted(pod.requests.items())), filter_key(pod)), []).append(pod)

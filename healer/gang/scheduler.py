@@ -13,6 +13,7 @@ from enum import StrEnum
 from healer.cluster import ClusterError, NotFoundError, TemporaryError
 from healer.gang.config import SchedulerConfig
 from healer.gang.gangs import Gang, build_gangs
+from healer.gang.nodeindex import NodeIndex
 from healer.gang.placement import Placement, Placer, Unfit
 from healer.gang.port import (
     ConflictError,
@@ -92,6 +93,7 @@ class GangScheduler:
         self.reservations = reservations if reservations is not None else ReservationBook()
         self.sleep = sleep
         self._told: dict[str, tuple[str, float]] = {}
+        self._nodes: NodeIndex | None = None
 
     def run(self, stop: threading.Event, period_s: float = 1.0) -> None:
         """Run cycles every ``period_s`` until ``stop`` is set; a failed cycle is logged and retried."""
@@ -111,7 +113,8 @@ class GangScheduler:
             return CycleReport(leader=True, seconds=time.perf_counter() - start)
         now = self.clock()
         snapshot = self.port.snapshot()
-        state = ClusterState(snapshot, self.config, self.reservations.active(now))
+        state = ClusterState(snapshot, self.config, self.reservations.active(now), nodes=self._nodes)
+        self._nodes = state.node_index
         placer = Placer(state)
         results: list[GangResult] = []
         with ThreadPoolExecutor(max_workers=max(1, self.config.bind_workers)) as pool:
@@ -152,8 +155,8 @@ class GangScheduler:
                     return binding, "failed"
             return binding, "failed"
 
-        if len(placement.bindings) == 1:
-            outcomes = [one(placement.bindings[0])]
+        if len(placement.bindings) == 1 or self.config.bind_workers <= 1:
+            outcomes = [one(b) for b in placement.bindings]
         else:
             outcomes = list(pool.map(one, placement.bindings))
         if all(state == "" for _, state in outcomes):

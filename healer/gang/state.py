@@ -7,13 +7,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from healer.gang.affinity import LabelIndex
 from healer.gang.config import SchedulerConfig
+from healer.gang.nodeindex import FilterKey, NodeIndex, filter_key
 from healer.gang.quantity import PODS
-from healer.gang.records import PodRecord, SelectorTerm, Snapshot, Toleration
+from healer.gang.records import PodRecord, Snapshot
 from healer.gang.reservations import Reservation
-from healer.gang.taints import Mask, TaintIndex
-from healer.gang.topology import Topology
+from healer.gang.taints import Mask
 
 Matrix = npt.NDArray[np.int64]
 """A row per node, a column per resource."""
@@ -22,13 +21,7 @@ Vector = npt.NDArray[np.int64]
 Counts = npt.NDArray[np.int64]
 """One integer per node."""
 
-FilterKey = tuple[tuple[Toleration, ...], tuple[tuple[str, str], ...], tuple[SelectorTerm, ...]]
-"""What the static (per-cycle) part of a pod's node filter depends on."""
-
-
-def filter_key(pod: PodRecord) -> FilterKey:
-    """The part of a pod that decides which nodes it may use regardless of free resources."""
-    return pod.tolerations, tuple(sorted(pod.node_selector.items())), pod.affinity
+__all__ = ["ClusterState", "Counts", "FilterKey", "Matrix", "Vector", "filter_key"]
 
 
 class ClusterState:
@@ -39,59 +32,51 @@ class ClusterState:
     """
 
     def __init__(self, snapshot: Snapshot, config: SchedulerConfig,
-                 reservations: Sequence[Reservation] = ()) -> None:
-        nodes = snapshot.nodes
+                 reservations: Sequence[Reservation] = (), *, nodes: NodeIndex | None = None) -> None:
+        if nodes is None or not nodes.same(snapshot.nodes, config):
+            nodes = NodeIndex(snapshot.nodes, config)
+        self.node_index = nodes
+        """Node-only indexes; pass it to the next cycle's state to reuse it."""
         self.config = config
         """Settings in force."""
-        self.nodes = nodes
+        self.nodes = nodes.nodes
         """Nodes in snapshot order; array positions refer to them."""
-        self.index: dict[str, int] = {n.name: i for i, n in enumerate(nodes)}
+        self.index = nodes.index
         """Node name to position."""
-        self.topo = Topology(nodes, config.topology)
+        self.topo = nodes.topo
         """The network tree."""
-        names = {PODS}
-        for node in nodes:
-            names.update(node.allocatable)
-        for pod in snapshot.pods:
-            names.update(pod.requests)
+        names = set(nodes.allocatable) | {PODS}
+        names.update(*(p.requests for p in snapshot.pods))
         self.resources: tuple[str, ...] = tuple(sorted(names))
         """Resource names, one per column."""
         self.columns: dict[str, int] = {r: i for i, r in enumerate(self.resources)}
         """Resource name to column."""
-        n, r = len(nodes), len(self.resources)
+        n, r = len(self.nodes), len(self.resources)
         self.allocatable: Matrix = np.zeros((n, r), dtype=np.int64)
         """Allocatable per node and resource."""
-        for i, node in enumerate(nodes):
-            for name, amount in node.allocatable.items():
-                self.allocatable[i, self.columns[name]] = amount
-        rows: list[int] = []
-        cols: list[int] = []
-        vals: list[int] = []
+        for name, amounts in nodes.allocatable.items():
+            self.allocatable[:, self.columns[name]] = amounts
+        index = self.index
+        placed = [(index.get(p.node_name, -1), p) for p in snapshot.pods if p.node_name and not p.finished]
+        placed = [(i, p) for i, p in placed if i >= 0]
+        rows = np.fromiter((i for i, _ in placed), dtype=np.intp, count=len(placed))
         terminating = np.zeros(n, dtype=np.bool_)
-        pods_col = self.columns[PODS]
-        for pod in snapshot.pods:
-            i = self.index.get(pod.node_name, -1) if pod.node_name else -1
-            if i < 0 or pod.finished:
-                continue
-            if pod.terminating:
-                terminating[i] = True
-            rows.append(i)
-            cols.append(pods_col)
-            vals.append(1)
-            for name, amount in pod.requests.items():
-                if name != PODS:
-                    rows.append(i)
-                    cols.append(self.columns[name])
-                    vals.append(amount)
-        used = np.zeros((n, r), dtype=np.int64)
-        np.add.at(used, (np.asarray(rows, dtype=np.intp), np.asarray(cols, dtype=np.intp)),
-                  np.asarray(vals, dtype=np.int64))
+        terminating[[i for i, p in placed if p.terminating]] = True
+        # Pods come in a few sizes: count pods per (node, size) and multiply by each size's vector,
+        # so the per-pod Python work is one tuple and one dict lookup.
+        sizes: dict[tuple[tuple[str, int], ...], int] = {}
+        kinds = np.fromiter((sizes.setdefault(tuple(p.requests.items()), len(sizes)) for _, p in placed),
+                            dtype=np.intp, count=len(placed))
+        vectors = np.zeros((max(1, len(sizes)), r), dtype=np.int64)
+        for size, k in sizes.items():
+            vectors[k] = self.vector(dict(size))
+        per_node = np.bincount(rows * len(vectors) + kinds, minlength=n * len(vectors))
+        used = per_node.reshape(n, len(vectors)).astype(np.int64) @ vectors
         self.free: Matrix = self.allocatable - used
         """Free resources per node; placements in this cycle subtract from it."""
-        self.unschedulable: Mask = np.fromiter((nd.unschedulable for nd in nodes), dtype=np.bool_, count=n)
+        self.unschedulable: Mask = nodes.unschedulable
         """Cordoned nodes."""
-        self.spare: Mask = np.fromiter((nd.labels.get(config.spare_label) == "true" for nd in nodes),
-                                       dtype=np.bool_, count=n)
+        self.spare: Mask = nodes.spare
         """Nodes in the hot-spare pool."""
         self.terminating: Mask = terminating
         """Nodes with a terminating pod: closed to new gangs until it is gone."""
@@ -110,11 +95,8 @@ class ClusterState:
             failed = np.zeros(n, dtype=np.bool_)
             failed[[self.index[x] for x in res.failed if x in self.index]] = True
             self.failed[res.gang] = failed
-        self.labels = LabelIndex(nodes)
-        """Label index for selectors and affinity."""
-        self.taints = TaintIndex(nodes, ignore_keys=frozenset({config.spare_taint}))
+        self.taints = nodes.taints
         """Taint groups; the spare taint is left to the spare rules."""
-        self._static: dict[FilterKey, Mask] = {}
 
     def vector(self, requests: Mapping[str, int]) -> Vector:
         """A pod's requests as a column vector; every pod takes one pod slot."""
@@ -125,14 +107,8 @@ class ClusterState:
         return vec
 
     def static_mask(self, pod: PodRecord) -> Mask:
-        """Nodes whose taints, labels and name the pod accepts; cached per distinct pod filter."""
-        key = filter_key(pod)
-        mask = self._static.get(key)
-        if mask is None:
-            mask = self.taints.tolerated(pod.tolerations)
-            mask &= self.labels.matches(pod.node_selector, pod.affinity)
-            self._static[key] = mask
-        return mask
+        """Nodes whose taints, labels and name the pod accepts (cached across cycles)."""
+        return self.node_index.static_mask(pod)
 
     def code(self, gang: str) -> int:
         """The reservation code of a gang, or -2 when it holds nothing (matches no node)."""
