@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from analyzer.records import (
     ACTION_RANK,
     SEVERITY_RANK,
-    Finding,
     FaultClass,
+    Finding,
     Incident,
     IncidentState,
     Location,

@@ -154,7 +154,7 @@ def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
     )
 
 
-def _field_path(err: dict[str, Any]) -> str:
+def _field_path(err: Any) -> str:
     return ".".join(str(p) for p in err["loc"])
 
 
