@@ -6,7 +6,6 @@ import gzip
 import os
 from pathlib import Path
 
-from collector.sources.base import SignalSource
 from collector.signal import Signal
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent"
@@ -53,16 +52,6 @@ class CriWriter:
         return copy
 
 
-def drain(source: SignalSource, rounds: int = 5) -> list[Signal]:
-    """Poll until nothing new comes (bounded)."""
-    out: list[Signal] = []
-    for _ in range(rounds):
-        got = source.poll().signals
-        if not got:
-            break
-        out.extend(got)
-    return out
-
-
 def texts(signals: list[Signal]) -> list[str]:
+    """The log text of each signal."""
     return [s.text or "" for s in signals]

@@ -16,7 +16,7 @@ from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import DeviceKmsgReader, KernLogSource, KmsgSource, parse_records
 from collector.sources.nvml import NvmlSource
 from collector.sources.nvml_fake import FakeGpu, FakeNvml
-from tests.agent_helpers import FIXTURES, CriWriter, drain, texts
+from tests.agent_helpers import FIXTURES, CriWriter, texts
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 
