@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import threading
+import time
 from pathlib import Path
 
+import uvicorn
+from sqlalchemy import text
+
 from collector.signal import Signal
+from healer.notify import LogNotifier
+from kmend.app import create_app
+from kmend.settings import Settings
+from kmend.wiring import make_kmend
+from sim.cluster import build_cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent"
+TOKEN = "s3cret"
 
 
 class CriWriter:
@@ -55,3 +67,45 @@ class CriWriter:
 def texts(signals: list[Signal]) -> list[str]:
     """The log text of each signal."""
     return [s.text or "" for s in signals]
+
+
+class Service:
+    """The real kmend service on a chosen loopback port, startable and stoppable."""
+
+    def __init__(self, tmp_path: Path, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim",
+                                 ingest_token=TOKEN, symptom_settle_s=3600)
+        self.kmend = make_kmend(self.settings, cluster=build_cluster(4), notifier=LogNotifier())
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        app = create_app(self.kmend, self.settings, run_healer=False)
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            assert time.monotonic() < deadline and self._thread.is_alive(), "service did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        assert self._server and self._thread
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    def stored_ids(self, source: str | None = None) -> list[str]:
+        """Ids of the stored signals, oldest first."""
+        q = "SELECT id FROM signals" + (" WHERE source = :s" if source else "") + " ORDER BY ts, id"
+        with self.kmend.store.engine.connect() as conn:
+            return [r[0] for r in conn.execute(text(q), {"s": source})]
+
+    def stored(self, source: str) -> list[dict[str, object]]:
+        """Stored signals of one source as wire dicts."""
+        with self.kmend.store.engine.connect() as conn:
+            rows = conn.execute(text("SELECT id, node, body FROM signals WHERE source = :s ORDER BY ts, id"),
+                                {"s": source})
+            return [{"id": r[0], "node": r[1], "body": json.loads(r[2]) if isinstance(r[2], str) else r[2]}
+                    for r in rows]

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import text
 
 from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
@@ -23,51 +19,12 @@ from collector.signal import LogLine, Signal, Source
 from collector.sources.base import Poll
 from collector.sources.cri import CriLogSource
 from collector.spool import DiskSpool
-from healer.notify import LogNotifier
-from kmend.app import create_app
-from kmend.settings import Settings
-from kmend.wiring import make_kmend
-from sim.cluster import build_cluster
-from tests.agent_helpers import CriWriter
+from tests.agent_helpers import TOKEN, CriWriter, Service
 from tests.conftest import free_port
-
-TOKEN = "s3cret"
 
 
 def sig(i: int, text: str = "hello") -> Signal:
     return Signal(f"n1/container/fp/{i}", "n1", Source.CONTAINER, 1_700_000_000.0 + i, LogLine(text))
-
-
-class Service:
-    """The real kmend service on a chosen loopback port, startable and stoppable."""
-
-    def __init__(self, tmp_path: Path, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim",
-                                 ingest_token=TOKEN, symptom_settle_s=3600)
-        self.kmend = make_kmend(self.settings, cluster=build_cluster(4), notifier=LogNotifier())
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        app = create_app(self.kmend, self.settings, run_healer=False)
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            assert time.monotonic() < deadline and self._thread.is_alive(), "service did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        assert self._server and self._thread
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-
-    def stored_ids(self) -> list[str]:
-        with self.kmend.store.engine.connect() as conn:
-            return [r[0] for r in conn.execute(text("SELECT id FROM signals ORDER BY ts"))]
 
 
 @pytest.fixture
