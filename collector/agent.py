@@ -92,12 +92,14 @@ class Agent:
     def flush(self) -> None:
         """Deliver everything pending, then persist the cursors it completes."""
         self._last_flush = self.clock()
+        if not self._pending:
+            # Nothing new: still the moment to drain the spool once the service is back.
+            self.shipper.replay()
         while self._pending:
             batch = self._pending[: self.batch_size]
             self.shipper.deliver(batch)
             del self._pending[: len(batch)]
         if not self._cursors:
-            self.shipper.replay()
             return
         for name, cursors in self._cursors.items():
             self.checkpoints.update(name, cursors)

@@ -15,10 +15,12 @@ from typing import Any
 # A leading anchor refers to the message start, which the raw buffer (with its
 # CRI or syslog prefix) does not have; dropping it only widens the candidates.
 _LEADING_ANCHOR = re.compile(r"^\^|(?<=\|)\^")
+# Several packs name the same group (pci, xid): one alternation cannot hold both names.
+_NAMED_GROUP = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
 
 
 def _unanchor(pattern: str) -> str:
-    return _LEADING_ANCHOR.sub("", pattern)
+    return _NAMED_GROUP.sub("(?:", _LEADING_ANCHOR.sub("", pattern))
 
 
 def _hyperscan() -> Any | None:

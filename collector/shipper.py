@@ -53,7 +53,7 @@ class Shipper:
         client: httpx.Client | None = None,
         timeout: float = 5.0,
         clock: Clock = time.monotonic,
-        max_backoff: float = 30.0,
+        max_backoff: float = 10.0,
     ) -> None:
         self.url = url.rstrip("/") + "/v1/signals"
         self.spool = spool

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.rules import Rule
 from collector.podmeta import StaticPodMetadata, job_and_rank
 from collector.prefilter import RegexPrefilter
 from collector.signal import LogLine, MetricSample, Signal
@@ -351,3 +352,12 @@ def test_real_pynvml_without_driver_is_unavailable_not_fatal() -> None:
     if src.available:
         pytest.skip("this machine has an NVIDIA driver")
     assert src.poll().signals == []
+
+
+def test_prefilter_from_every_shipped_rule_keeps_their_examples(shipped_rules: list[Rule]) -> None:
+    for engine in (True, False):
+        pre = RegexPrefilter([r.pattern for r in shipped_rules], use_hyperscan=engine)
+        for rule in shipped_rules:
+            for example in rule.examples:
+                buf = b"2026-11-21T10:00:00.000000001Z stdout F " + example.encode() + b"\n"
+                assert pre.matches(example) and pre.scan(buf), (rule.id, example)
