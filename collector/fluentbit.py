@@ -130,6 +130,26 @@ def dump_config(doc: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(doc), sort_keys=False, width=1_000_000, default_flow_style=False)
 
 
+class _Literal(str):
+    """A string dumped as a YAML literal block (the config stays readable inside the ConfigMap)."""
+
+
+class _ConfigMapDumper(yaml.SafeDumper):
+    pass
+
+
+_ConfigMapDumper.add_representer(
+    _Literal, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", str(v), style="|"))
+
+
+def dump_configmap(config_text: str, *, name: str = "kmend-fluent-bit", namespace: str = "kmend-system") -> str:
+    """A ConfigMap holding the rendered config as ``fluent-bit.yaml``."""
+    doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+           "data": {"fluent-bit.yaml": _Literal(config_text)}}
+    header = "# Rendered by `kmend fluentbit-config --configmap`; re-render after changing the rule packs.\n"
+    return header + yaml.dump(doc, Dumper=_ConfigMapDumper, sort_keys=False, width=1_000_000)
+
+
 # -- records posted by the http output ----------------------------------------------------------------
 
 

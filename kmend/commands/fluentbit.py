@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from analyzer.rules import default_rules_dir, load_rules
-from collector.fluentbit import FluentBitOptions, dump_config, render_config
+from collector.fluentbit import FluentBitOptions, dump_config, dump_configmap, render_config
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rules", type=Path, action="append", help="rule pack file or directory (repeatable)")
     p.add_argument("--no-grep", action="store_true", help="ship every line (no rule-based grep filter)")
     p.add_argument("--no-kmsg", action="store_true", help="do not read the kernel log")
+    p.add_argument("--configmap", action="store_true", help="wrap it in a Kubernetes ConfigMap")
+    p.add_argument("--namespace", default="kmend-system", help="namespace of the ConfigMap")
     p.add_argument("-o", "--output", type=Path, help="write here instead of stdout")
     p.set_defaults(func=run)
 
@@ -34,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     opts = FluentBitOptions(service_host=args.service_host, service_port=args.service_port, tls=args.tls,
                             token_env=args.token_env or None, kmsg=not args.no_kmsg)
     text = dump_config(render_config(opts, container_patterns=container, kernel_patterns=kernel))
+    if args.configmap:
+        text = dump_configmap(text, namespace=args.namespace)
     if args.output:
         args.output.write_text(text)
     else:
