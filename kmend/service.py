@@ -12,7 +12,7 @@ from typing import Any
 
 from analyzer.correlate import Correlator
 from analyzer.pipeline import Analyzer
-from analyzer.records import Incident, IncidentState
+from analyzer.records import Finding, Incident, IncidentState
 from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.cluster import Cluster
@@ -99,7 +99,7 @@ class Kmend:
         """Store and analyze a batch; repeated ids are ignored."""
         with self._lock, self.metrics.batch_seconds.time():
             try:
-                outcome = self.store.ingest(signals, self.analyzer.process)
+                outcome = self.store.ingest(signals, self._analyze)
             except Exception:
                 # The transaction rolled back; the correlator may hold its findings: rebuild it.
                 self.rebuild()
@@ -114,6 +114,10 @@ class Kmend:
             self._refresh_open_gauge()
             self._wake.set()
         return outcome
+
+    def _analyze(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
+        found, changed = self.analyzer.process(signals)
+        return found, changed, self.analyzer.correlator.take_merges()
 
     def incidents(self) -> list[Incident]:
         """All incidents, oldest first."""
