@@ -68,6 +68,8 @@ class Agent:
                 continue
             if polled.lines:
                 self.metrics.lines_read.labels(src.name).inc(polled.lines)
+            if polled.errors:
+                self.metrics.source_errors.labels(src.name).inc(polled.errors)
             if polled.lost:
                 self.metrics.source_lost.labels(src.name).inc(polled.lost)
             if polled.signals:

@@ -361,3 +361,26 @@ def test_prefilter_from_every_shipped_rule_keeps_their_examples(shipped_rules: l
             for example in rule.examples:
                 buf = b"2026-11-21T10:00:00.000000001Z stdout F " + example.encode() + b"\n"
                 assert pre.matches(example) and pre.scan(buf), (rule.id, example)
+
+
+def test_cri_cursors_only_when_positions_move(tmp_path: Path) -> None:
+    w = CriWriter(tmp_path)
+    w.line("a")
+    src = CriLogSource(node="n1", root=tmp_path)
+    assert src.poll().cursors
+    assert src.poll().cursors == {}
+    w.line("b")
+    (cursor,) = src.poll().cursors.values()
+    assert cursor["offset"] == w.live.stat().st_size
+
+
+def test_cri_one_unreadable_container_does_not_cost_the_others(tmp_path: Path) -> None:
+    good, bad = CriWriter(tmp_path, pod="good", uid="1"), CriWriter(tmp_path, pod="bad", uid="2")
+    good.line("fine")
+    bad.line("x")
+    src = CriLogSource(node="n1", root=tmp_path)
+    bad.live.unlink()
+    bad.live.mkdir()  # "0.log" that cannot be read as a file
+    (bad.dir / "0.log.1").symlink_to(bad.live)
+    polled = src.poll()
+    assert texts(polled.signals) == ["fine"] and polled.errors == 1

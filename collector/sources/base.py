@@ -25,6 +25,8 @@ class Poll:
     """Raw lines or samples read, including those a prefilter dropped (for metrics)."""
     lost: int = 0
     """Records the source knows were lost before it could read them (kmsg overruns)."""
+    errors: int = 0
+    """Failures inside the source it recovered from (one bad file among many)."""
 
 
 class SignalSource(Protocol):

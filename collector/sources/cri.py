@@ -9,6 +9,7 @@ line of the same stream, possibly in the next file after a rotation.
 from __future__ import annotations
 
 import calendar
+import logging
 import os
 import re
 import time
@@ -23,6 +24,8 @@ from collector.sources.tail import Chunk, RotatingFile, lines_of
 
 MAX_LINE = 65536
 """Longest message shipped; the wire format refuses longer text."""
+
+log = logging.getLogger(__name__)
 
 METADATA_RETRY_S = 30.0
 """Seconds before a failed pod-label lookup is tried again."""
@@ -132,6 +135,7 @@ class CriLogSource:
         self._streams: dict[tuple[str, str, str], _Stream] = {}
         self._labels: dict[str, tuple[str | None, int | None] | None] = {}
         self._retry_at: dict[str, float] = {}
+        self._emitted: dict[str, Cursor] = {}
         self._ts = TimestampParser()
 
     def _pod_identity(self, pod: PodRef) -> tuple[str | None, int | None] | None:
@@ -188,7 +192,7 @@ class CriLogSource:
         seen = self._discover()
         signals: list[Signal] = []
         cursors: dict[str, Cursor] = {}
-        lines = 0
+        lines = errors = 0
         for key in list(self._streams):
             st = self._streams[key]
             if key not in seen:
@@ -201,24 +205,42 @@ class CriLogSource:
                 ident = self._pod_identity(st.pod)
                 if ident is not None:
                     st.job, st.rank = ident
-            chunks, gone = st.file.read()
-            for fp in gone:
-                cursors[fp] = None
-                st.safe.pop(fp, None)
-                st.processed.pop(fp, None)
-            for chunk in chunks:
-                lines += chunk.data.count(b"\n")
-                self._process(st, chunk, signals)
+            try:
+                chunks, gone = st.file.read()
+                for fp in gone:
+                    cursors[fp] = None
+                    st.safe.pop(fp, None)
+                    st.processed.pop(fp, None)
+                for chunk in chunks:
+                    lines += chunk.data.count(b"\n")
+                    self._process(st, chunk, signals)
+            except Exception:
+                # One unreadable file must not cost the other containers their lines. This
+                # stream goes back to its last safe position and is read again next poll.
+                errors += 1
+                log.exception("container log %s/%s failed", key[0], key[1])
+                for fp, pos in st.file.positions.items():
+                    if fp in st.safe:
+                        pos.offset, pos.complete = st.safe[fp], False
+                st.partial.clear()
+                st.processed = dict(st.safe)
             for fp, off in st.safe.items():
                 pos = st.file.positions.get(fp)
                 if pos is not None:
                     cursors[fp] = pos.cursor(off)
+        # Only changed positions: an idle node should not rewrite its checkpoint every second.
+        cursors = {fp: c for fp, c in cursors.items() if self._emitted.get(fp, ()) != c}
+        for fp, c in cursors.items():
+            if c is None:
+                self._emitted.pop(fp, None)
+            else:
+                self._emitted[fp] = c
         live_pods = {k[0].split("_")[2] for k in self._streams}
         for uid in [u for u in self._labels if u not in live_pods]:
             del self._labels[uid]
         for uid in [u for u in self._retry_at if u not in live_pods]:
             del self._retry_at[uid]
-        return Poll(signals, cursors, lines)
+        return Poll(signals, cursors, lines, errors=errors)
 
     def _process(self, st: _Stream, chunk: Chunk, out: list[Signal]) -> None:
         data = chunk.data
