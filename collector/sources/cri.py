@@ -136,6 +136,7 @@ class CriLogSource:
         self._labels: dict[str, tuple[str | None, int | None] | None] = {}
         self._retry_at: dict[str, float] = {}
         self._emitted: dict[str, Cursor] = {}
+        self._failing: set[tuple[str, str, str]] = set()
         self._ts = TimestampParser()
 
     def _pod_identity(self, pod: PodRef) -> tuple[str | None, int | None] | None:
@@ -200,6 +201,7 @@ class CriLogSource:
                 for fp in st.file.positions:
                     cursors[fp] = None
                 del self._streams[key]
+                self._failing.discard(key)
                 continue
             if st.job is None and st.rank is None:
                 ident = self._pod_identity(st.pod)
@@ -214,14 +216,18 @@ class CriLogSource:
                 for chunk in chunks:
                     lines += chunk.data.count(b"\n")
                     self._process(st, chunk, signals)
+                self._failing.discard(key)
             except Exception:
                 # One unreadable file must not cost the other containers their lines. This
                 # stream goes back to its last safe position and is read again next poll.
                 errors += 1
-                log.exception("container log %s/%s failed", key[0], key[1])
-                for fp, pos in st.file.positions.items():
+                if key not in self._failing:
+                    # Once per failing stream, not every poll; the error counter keeps counting.
+                    log.exception("container log %s/%s failed", key[0], key[1])
+                    self._failing.add(key)
+                for fp, fpos in st.file.positions.items():
                     if fp in st.safe:
-                        pos.offset, pos.complete = st.safe[fp], False
+                        fpos.offset, fpos.complete = st.safe[fp], False
                 st.partial.clear()
                 st.processed = dict(st.safe)
             for fp, off in st.safe.items():
