@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.rules import default_rules_dir
@@ -48,3 +48,10 @@ class Settings(BaseSettings):
     sim_state_file: Path | None = Field(None, description="keep the simulated cluster in this file across restarts")
     sim_crash_after: int | None = Field(None, description="fault injection: SIGKILL after the N-th applied change")
     sim_crash_before: int | None = Field(None, description="fault injection: SIGKILL before the N-th change lands")
+
+    @model_validator(mode="after")
+    def _distinct_tokens(self) -> Settings:
+        if self.operator_token is not None and self.ingest_token is not None \
+                and self.operator_token.get_secret_value() == self.ingest_token.get_secret_value():
+            raise ValueError("operator_token must differ from ingest_token: collectors must not run runbooks")
+        return self
