@@ -107,3 +107,16 @@ def test_event_names_the_node_and_reporting_component(api: FakeApiServer) -> Non
     assert ev["involvedObject"]["uid"] == api.nodes["gpu-1"]["metadata"]["uid"]
     assert ev["source"]["component"] == "kmend" and ev["reportingComponent"] == "kmend"
     assert ev["metadata"]["namespace"] == "default"
+
+
+def test_a_keyed_event_sent_again_after_a_crash_is_not_duplicated(api: FakeApiServer) -> None:
+    kube = _kube(api)
+    kube.emit_event(ClusterEvent("gpu-1", "KmendQuarantine", "incident inc-1", key="plan-1-4"))
+    kube.emit_event(ClusterEvent("gpu-1", "KmendQuarantine", "incident inc-1", key="plan-1-4"))  # 409 AlreadyExists
+    assert len(api.events) == 1
+    api.fail("POST", r"/events$", 504, "timeout")  # the write may or may not have landed: retried, still once
+    with pytest.raises(TemporaryError):
+        kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
+    kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
+    kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
+    assert [e["reason"] for e in api.events] == ["KmendQuarantine", "KmendRepairRequested"]
