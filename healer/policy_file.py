@@ -111,7 +111,7 @@ class Safety:
     """Quarantining more than this fraction of GPU nodes within the window trips the breaker."""
     breaker_window_s: float = 3600.0
     """Window of the breaker."""
-    max_plans_per_hour: int = 30
+    max_plans_per_hour: int = 100
     """Plans that may start acting on the cluster in one hour."""
     node_cooldown_s: float = 3600.0
     """No new quarantine of a node within this long of its last one."""
@@ -227,7 +227,7 @@ class _PlanModel(_Strict):
 class _SafetyModel(_Strict):
     breaker_max_fraction: float = Field(0.10, gt=0, le=1)
     breaker_window_s: float = Field(3600.0, gt=0)
-    max_plans_per_hour: int = Field(30, ge=1)
+    max_plans_per_hour: int = Field(100, ge=1)
     node_cooldown_s: float = Field(3600.0, ge=0)
     job_restart_window_s: float = Field(600.0, ge=0)
 

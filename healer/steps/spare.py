@@ -10,6 +10,8 @@ from healer.steps.base import StepContext, StepOutcome, done, skipped
 
 def spare_swap(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     """Claim a spare (annotated with the plan first, so a rerun after a crash finds the same one), then untaint it."""
+    if not step.params.get("job"):
+        return skipped("no job to hand a spare to")
     nodes = ctx.cluster.list_nodes()
     mine = next((n for n in nodes if n.annotations.get(SPARE_PLAN) == plan.id), None)
     if mine is None:

@@ -68,6 +68,14 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._seq_lock = threading.Lock()
         self._seq = 0
+        # Built once: the journal writes these on every step transition, and SQLAlchemy caches them compiled.
+        plan_stmt = self._insert(schema.plans)
+        self._plan_upsert = plan_stmt.on_conflict_do_update(
+            index_elements=["id"], set_={k: plan_stmt.excluded[k] for k in ("state", "mode", "updated_at", "body")})
+        step_stmt = self._insert(schema.steps)
+        self._step_upsert = step_stmt.on_conflict_do_update(
+            index_elements=["id"], set_={k: step_stmt.excluded[k] for k in ("state", "result", "updated_at",
+                                                                               "outputs")})
         self.ledger = Ledger(self.engine, self._insert, clock)
         """Breaker, brakes' counts, repair requests, audit log, leases seen."""
 
@@ -235,11 +243,7 @@ class Store:
             row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
                    "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
                    "node": plan.node, "job": plan.job}
-            stmt = self._insert(schema.plans).values(row)
-            conn.execute(stmt.on_conflict_do_update(
-                index_elements=["id"],
-                set_={"state": stmt.excluded.state, "mode": stmt.excluded.mode,
-                      "updated_at": stmt.excluded.updated_at, "body": stmt.excluded.body}))
+            conn.execute(self._plan_upsert, row)
             for idx, s in enumerate(plan.steps):
                 self._upsert_step(conn, plan.id, idx, s, now)
 
@@ -257,11 +261,7 @@ class Store:
         row = {"id": s.id, "plan_id": plan_id, "idx": idx, "kind": s.kind.value, "node": s.node,
                "state": s.state.value, "result": s.result, "params": dict(s.params), "updated_at": now,
                "outputs": dict(s.outputs)}
-        stmt = self._insert(schema.steps).values(row)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=["id"],
-            set_={"state": stmt.excluded.state, "result": stmt.excluded.result,
-                  "updated_at": stmt.excluded.updated_at, "outputs": stmt.excluded.outputs}))
+        conn.execute(self._step_upsert, row)
 
     def _plans(self, conn: Connection, incident_id: str | None = None, plan_id: str | None = None,
                state: str | None = None, node: str | None = None) -> list[Plan]:
