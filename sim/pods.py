@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from healer.cluster import ClusterError, NotFoundError, TemporaryError
 from healer.gang.port import ConflictError, ObjectRef, PodChanges, PodGroupStatus, PodKey
-from healer.gang.records import NodeRecord, PodGroupKind, PodGroupRecord, PodRecord, Snapshot
+from healer.gang.records import NodeRecord, PodGroupKind, PodGroupRecord, PodRecord, Snapshot, bound_to
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +176,7 @@ class SimPods:
                 raise ConflictError(f"pod {pod.name} is being deleted, cannot be assigned to a host")
             if stored.node_name:
                 raise ConflictError(f"pod {pod.name} is already assigned to node \"{stored.node_name}\"")
-            self._put(dataclasses.replace(stored, node_name=node))
+            self._put(bound_to(stored, node))
             self.binds += 1
 
     def delete_pod(self, pod: PodRecord) -> None:

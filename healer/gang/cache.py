@@ -18,7 +18,7 @@ from healer.gang.gangs import Gang, gang_key, group_of, make_gang, order_key
 from healer.gang.nodeindex import NodeIndex
 from healer.gang.port import PodChanges, PodKey
 from healer.gang.quantity import PODS
-from healer.gang.records import PodGroupRecord, PodRecord, Snapshot
+from healer.gang.records import PodGroupRecord, PodRecord, Snapshot, bound_to
 from healer.gang.reservations import Reservation
 from healer.gang.state import ClusterState, Matrix, Vector, request_vector, usage
 
@@ -46,6 +46,8 @@ class SchedulerCache:
         self._columns: dict[str, int] = {PODS: 0}
         self._sizes: dict[Size, Vector] = {}
         self._used: Matrix = np.zeros((0, 1), dtype=np.int64)
+        self._delta_rows: list[int] = []
+        self._delta_vecs: list[Vector] = []
         self._terminating = np.zeros(0, dtype=np.int64)
         self._pending: dict[str, dict[PodKey, PodRecord]] = {}
         self._members: dict[str, dict[PodKey, PodRecord]] = {}
@@ -76,7 +78,7 @@ class SchedulerCache:
         """A Binding call succeeded: count the pod on ``node`` before the port reports it."""
         stored = self._pods.get((pod.namespace, pod.name))
         if stored is not None and stored.uid == pod.uid and not stored.node_name:
-            self._put(dataclasses.replace(stored, node_name=node))
+            self._put(bound_to(stored, node))
 
     def assume_deleted(self, pod: PodRecord) -> None:
         """A delete succeeded: a bound pod turns terminating (keeping its resources), a pending one goes."""
@@ -108,6 +110,7 @@ class SchedulerCache:
         """One cycle's state (a copy: later changes to the cache do not reach it) and gangs in queue order."""
         if self._nodes is None:
             raise RuntimeError("the cache has not been filled: apply a full change set first")
+        self._flush()
         state = ClusterState.of(self._nodes, self.config, self._resources, self._used,
                                 self._terminating > 0, reservations)
         for key in self._dirty:
@@ -187,12 +190,21 @@ class SchedulerCache:
             if not self._columns.keys() >= pod.requests.keys():
                 self._add_columns(pod)
             vec = self._sizes[size] = request_vector(self._columns, pod.requests)
-        self._used[row] += sign * vec
+        # Summed in one array operation by ``_flush``: a numpy call per pod would cost more than the rest.
+        self._delta_rows.append(row)
+        self._delta_vecs.append(vec if sign > 0 else -vec)
         if pod.terminating:
             self._terminating[row] += sign
 
+    def _flush(self) -> None:
+        if self._delta_rows:
+            np.add.at(self._used, np.asarray(self._delta_rows, dtype=np.intp), np.stack(self._delta_vecs))
+            self._delta_rows.clear()
+            self._delta_vecs.clear()
+
     def _add_columns(self, pod: PodRecord) -> None:
         """A resource name not seen before: insert zero columns, keeping names sorted."""
+        self._flush()
         resources = tuple(sorted(set(self._resources) | set(pod.requests)))
         keep = [resources.index(r) for r in self._resources]
         used: Matrix = np.zeros((self._used.shape[0], len(resources)), dtype=np.int64)
@@ -204,6 +216,8 @@ class SchedulerCache:
     def _recount(self) -> None:
         """Usage from every pod again: node positions changed."""
         assert self._nodes is not None
+        self._delta_rows.clear()
+        self._delta_vecs.clear()
         names = set(self._nodes.allocatable) | {PODS} | set(self._resources)
         names.update(*(p.requests for p in self._pods.values()))
         self._resources = tuple(sorted(names))

@@ -113,7 +113,10 @@ class GangScheduler:
             return CycleReport(leader=False)
         if self.cache.config != self.config:
             self.cache = SchedulerCache(self.config)
-        if not self.port.list_pending(self.config.scheduler_name):
+        # With nothing pending after the last cycle, a filtered list of pending pods is the cheap
+        # way to find out whether there is work; otherwise the change read itself tells.
+        idle = not self.cache.cursor or not self.cache.has_pending()
+        if idle and not self.port.list_pending(self.config.scheduler_name):
             return self._done(CycleReport(leader=True, seconds=time.perf_counter() - start), 0)
         now = self.clock()
         self.cache.apply(self.port.changes(self.cache.cursor))
