@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from analyzer.records import (
     ACTION_RANK,
     SEVERITY_RANK,
-    Finding,
     FaultClass,
+    Finding,
     Incident,
     IncidentState,
     Location,
@@ -215,7 +215,8 @@ class Correlator:
         keep.root = cause
         keep.findings.insert(0, cause)
         self._by_finding[cause.id] = keep.id
-        keep.timeline.append(TimelineEntry(cause.ts, f"root cause found: {cause.rule_id} on {cause.where.node}"))
+        why = f"root cause found: {cause.rule_id} on {cause.where.node}"
+        keep.timeline.append(TimelineEntry(cause.ts, why))
         return keep
 
     def _open(self, f: Finding) -> _Draft:

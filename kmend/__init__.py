@@ -1,0 +1,1 @@
+"""The kmend service: composition root (HTTP API, store, metrics, CLI)."""

@@ -1,0 +1,1 @@
+"""Anomaly-detection models (scikit-learn / pandas), estimator-shaped."""

@@ -1,0 +1,1 @@
+"""The embedded default: a simulated cluster, training jobs and fault injection."""
