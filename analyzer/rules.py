@@ -10,10 +10,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from analyzer.decode import ActionMap, Decoder, DecodeRow, StatusMatch
 from analyzer.records import Action, FaultClass, Severity
@@ -267,7 +268,7 @@ def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
     )
 
 
-def _field_path(err: dict[str, Any]) -> str:
+def _field_path(err: ErrorDetails) -> str:
     return ".".join(str(p) for p in err["loc"])
 
 
