@@ -47,7 +47,7 @@ def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: dict[s
         row = rule.decoder.decode(fields)
         if row is not None:
             action, severity = row.action, row.severity
-            fields["unit"] = row.unit
+            fields["decoded_unit"] = row.unit
     if rule.action_from is not None:
         action = rule.action_from.action_for(fields) or action
     return Finding(
