@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -28,6 +28,22 @@ class Backend(StrEnum):
     HYPERSCAN = "hyperscan"
     RE2 = "re2"
     RE = "re"
+
+
+@dataclass(frozen=True, slots=True)
+class BufferMatch:
+    """One rule confirmed on one line of a byte buffer."""
+
+    start: int
+    """Byte offset of the line in the buffer."""
+    end: int
+    """Byte offset just past the line (before its newline)."""
+    text: str
+    """The line, decoded (invalid UTF-8 replaced)."""
+    rule: Rule
+    """The rule that matched."""
+    match: re.Match[str]
+    """The rule's own regex match on that line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +116,7 @@ class MultiMatcher:
         self._hs: Any = None
         self._set: Any = None
         self._line_re = [re.compile(r.pattern, re.MULTILINE) for r in self.rules]
+        self._order = {r.id: i for i, r in enumerate(self.rules)}
         if self.backend is Backend.HYPERSCAN:
             self._hs, self._residual = _hyperscan_db(self.rules)
         elif self.backend is Backend.RE2:
@@ -117,7 +134,8 @@ class MultiMatcher:
         self._set_ids: list[int] = []
         for i, r in enumerate(self.rules):
             try:
-                rset.Add(r.pattern)
+                # Multi-line mode so ^ and $ anchor at line boundaries of the joined batch.
+                rset.Add("(?m)" + r.pattern)
                 self._set_ids.append(i)
             except re2.error:
                 refused.append(i)
@@ -131,16 +149,16 @@ class MultiMatcher:
         if not lines:
             return []
         text = "\n".join(lines)
-        if text.count("\n") != len(lines) - 1:
-            # A line with an embedded newline would shift every later line: keep lines whole.
-            lines = [ln.replace("\n", " ") for ln in lines]
-            text = "\n".join(lines)
         candidates: set[tuple[int, int]] = set()
         if self._hs is not None:
-            candidates |= self._scan_hyperscan(text)
+            data = text.encode("ascii") if text.isascii() else text.encode("utf-8", "surrogatepass")
+            hits, newlines = self._hyperscan_lines(data)
+            if newlines != len(lines) - 1:
+                # A line with an embedded newline would shift every later line: keep lines whole.
+                return self.scan([ln.replace("\n", " ") for ln in lines])
+            candidates |= hits
         if self._set is not None:
-            hit = [self._set_ids[i] for i in self._set.Match(text)]
-            candidates |= self._scan_re(text, hit, lines)
+            candidates |= self._scan_re(text, [self._set_ids[i] for i in self._set.Match(text)], lines)
         if self._residual:
             candidates |= self._scan_re(text, self._residual, lines)
         out: list[LineMatch] = []
@@ -151,17 +169,76 @@ class MultiMatcher:
                 out.append(LineMatch(line_no, rule, m))
         return out
 
-    def _scan_hyperscan(self, text: str) -> set[tuple[int, int]]:
-        data = text.encode("utf-8", "surrogatepass")
+    def scan_buffer(self, data: bytes) -> list[BufferMatch]:
+        """Rules confirmed on the lines of a newline-separated byte buffer (a log file as read).
+
+        Only matched lines are located and decoded, so nothing is done per line of input:
+        this is the path for whole files. Offsets are bytes into ``data``.
+        """
+        if self._hs is None:
+            return self._scan_buffer_split(data)
         hits: list[tuple[int, int]] = []
-        add: Callable[[tuple[int, int]], None] = hits.append
 
         def on_match(rule_no: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
-            add((end, rule_no))
+            hits.append((end, rule_no))
 
         self._hs.scan(data, match_event_handler=on_match)
-        if not hits:
-            return set()
+        seen: set[tuple[int, int]] = set()
+        lines: dict[int, tuple[int, str]] = {}
+        for end, rule_no in sorted(hits):
+            at = max(end - 1, 0)
+            start = data.rfind(b"\n", 0, at) + 1
+            if (start, rule_no) in seen:
+                continue
+            seen.add((start, rule_no))
+            if start not in lines:
+                stop = data.find(b"\n", start)
+                stop = len(data) if stop < 0 else stop
+                lines[start] = (stop, data[start:stop].decode("utf-8", "replace").rstrip("\r"))
+        out: list[BufferMatch] = []
+        for start, rule_no in sorted(seen):
+            stop, text = lines[start]
+            rule = self.rules[rule_no]
+            m = rule.regex.search(text)
+            if m:
+                out.append(BufferMatch(start, stop, text, rule, m))
+        out.extend(self._residual_buffer(data))
+        out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
+        return out
+
+    def _residual_buffer(self, data: bytes) -> list[BufferMatch]:
+        if not self._residual:
+            return []
+        return self._scan_buffer_split(data, only=self._residual)
+
+    def _scan_buffer_split(self, data: bytes, only: list[int] | None = None) -> list[BufferMatch]:
+        raw = data.split(b"\n")
+        texts = [r.decode("utf-8", "replace").rstrip("\r") for r in raw]
+        if only is None:
+            found = self.scan(texts)
+        else:
+            text = "\n".join(texts)
+            cands = sorted(self._scan_re(text, only, texts))
+            found = [LineMatch(i, self.rules[r], m) for i, r in cands
+                     if (m := self.rules[r].regex.search(texts[i]))]
+        offsets: list[int] = []
+        pos = 0
+        for r in raw:
+            offsets.append(pos)
+            pos += len(r) + 1
+        return [
+            BufferMatch(offsets[h.line], offsets[h.line] + len(raw[h.line]), texts[h.line], h.rule, h.match)
+            for h in found
+        ]
+
+    def _hyperscan_lines(self, data: bytes) -> tuple[set[tuple[int, int]], int]:
+        """(line, rule) candidates and the number of newlines in ``data`` (one pass over it)."""
+        hits: list[tuple[int, int]] = []
+
+        def on_match(rule_no: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
+            hits.append((end, rule_no))
+
+        self._hs.scan(data, match_event_handler=on_match)
         hits.sort()
         out: set[tuple[int, int]] = set()
         line = 0
@@ -173,7 +250,7 @@ class MultiMatcher:
                 line += data.count(b"\n", pos, at)
                 pos = at
             out.add((line, rule_no))
-        return out
+        return out, line + data.count(b"\n", pos)
 
     def _scan_re(self, text: str, rule_nos: Iterable[int], lines: Sequence[str]) -> set[tuple[int, int]]:
         starts: list[int] | None = None

@@ -81,7 +81,8 @@ def pattern(code: int) -> str:
         return head + (r"(?: (?P<unit>[A-Z0-9_/]+)\s+(?P<fatality>Fatal|Nonfatal)\s+XC\d i\d+ Link -?\d+"
                        r" \(0x(?P<intrinfo>[0-9a-fA-F]+) 0x(?P<status>[0-9a-fA-F]+))?")
     if code == 154:
-        return head + r" GPU recovery action changed from 0x[0-9a-fA-F]+ \([^)]*\) to 0x(?P<recovery>[0-9a-fA-F]+)"
+        return head + (r" GPU recovery action changed from 0x[0-9a-fA-F]+ \([^)]*\)"
+                       r" to 0x(?P<recovery>[0-9a-fA-F]+)")
     return head
 
 
@@ -89,7 +90,8 @@ def built_example(code: int, desc: str) -> str:
     if 144 <= code <= 150:
         return f"NVRM: Xid (PCI:0018:01:00): {code}, UNIT Nonfatal XC0 i0 Link 00 (0x00000000 0x00000000)"
     if code == 154:
-        return f"NVRM: Xid (PCI:0018:01:00): {code}, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"
+        return (f"NVRM: Xid (PCI:0018:01:00): {code}, GPU recovery action changed"
+                " from 0x0 (None) to 0x1 (GPU Reset Required)")
     return f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python3, {desc}"
 
 
@@ -114,7 +116,9 @@ def decode_rows(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     return out
 
 
-def rule_for(row: dict[str, str], examples: dict[int, Any], decode: dict[int, list[dict[str, str]]]) -> dict[str, Any]:
+def rule_for(
+    row: dict[str, str], examples: dict[int, Any], decode: dict[int, list[dict[str, str]]],
+) -> dict[str, Any]:
     code = int(row["code"])
     bucket = row["immediate_action"]
     action, hardware, severity = BUCKETS[bucket]
@@ -151,7 +155,8 @@ def rule_for(row: dict[str, str], examples: dict[int, Any], decode: dict[int, li
     if code == 154:
         rule["action_from"] = {"field": "recovery", "values": RECOVERY_ACTIONS}
     if code in decode:
-        rule["decode"] = {"intrinfo_field": "intrinfo", "status_field": "status", "rows": decode_rows(decode[code])}
+        rule["decode"] = {"intrinfo_field": "intrinfo", "status_field": "status",
+                          "rows": decode_rows(decode[code])}
     rule["fields"] = {"mnemonic": row["mnemonic"], "catalog_action": bucket or "none"}
     rule["examples"] = lines
     other = 79 if code != 79 else 13
@@ -180,7 +185,8 @@ def main() -> None:
         "# One rule per Xid code. Buckets: RESTART_APP -> restart_job / fix_application, RESET_GPU ->\n"
         "# reset_gpu, RESTART_BM -> reboot_node, CONTACT_SUPPORT -> replace_node, IGNORE -> none.\n"
     )
-    body = yaml.safe_dump({"pack": "nvidia-xid", "rules": rules}, sort_keys=False, width=200, allow_unicode=True)
+    body = yaml.safe_dump({"pack": "nvidia-xid", "rules": rules}, sort_keys=False, width=200,
+                          allow_unicode=True)
     args.out.write_text(header + body)
     print(f"wrote {len(rules)} rules to {args.out}")
 
