@@ -157,8 +157,11 @@ class MultiMatcher:
                 # A line with an embedded newline would shift every later line: keep lines whole.
                 return self.scan([ln.replace("\n", " ") for ln in lines])
             candidates |= hits
+        elif text.count("\n") != len(lines) - 1:
+            return self.scan([ln.replace("\n", " ") for ln in lines])
         if self._set is not None:
-            candidates |= self._scan_re(text, [self._set_ids[i] for i in self._set.Match(text)], lines)
+            matched = self._set.Match(text) or []
+            candidates |= self._scan_re(text, [self._set_ids[i] for i in matched], lines)
         if self._residual:
             candidates |= self._scan_re(text, self._residual, lines)
         out: list[LineMatch] = []
