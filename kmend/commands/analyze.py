@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from analyzer.rules import RuleError, default_rules_dir, load_rules
 from collector.bundle import BundleSource
 from collector.signal import LogLine, Signal
 
-BUNDLE_WINDOW_S = 10.0 * 365 * 24 * 3600
+BUNDLE_WINDOW_S = math.inf
 """Default correlation window: a bundle is cut around one failure, and its files may mix
 dmesg boot-relative seconds with wall-clock stamps, so the whole bundle is one window."""
 

@@ -133,6 +133,11 @@ def rule_for(
         action = "fix_application"
     if code == 64:
         text += "; with Xid 48 on the same GPU it is escalated by xid-48"
+    if code in LOST:
+        # The catalog's reboot (RESTART_BM) is followed by CONTACT_SUPPORT: the GPU is gone
+        # until the node is serviced, so the job moves to a spare now.
+        action = "replace_node"
+        text += "; the job moves to a spare now (replace_node), the reboot and investigation follow"
     ex = examples.get(code)
     if ex:
         lines, refs = list(ex["lines"]), list(ex["refs"])
