@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kmend.commands import analyze
+from kmend.commands import analyze, demo, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kmend", description="Diagnose and heal GPU training clusters")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    analyze.register(sub)
+    for module in (serve, demo, analyze):
+        module.register(sub)
     return parser
 
 

@@ -1,0 +1,185 @@
+"""KubeCluster: the Cluster port on a real API server, through the official client.
+
+Only this module (and its kube_* siblings) imports ``kubernetes``. Facts it relies
+on are in ../shared/KUBERNETES-API.md: cordon is ``spec.unschedulable``; taints
+are a whole list, written read-modify-write with ``resourceVersion`` so a
+concurrent writer gets 409 instead of being overwritten; node conditions go
+through the ``status`` subresource (strategic merge keyed by ``type``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from healer.cluster import (
+    ClusterEvent,
+    Condition,
+    NodeInfo,
+    NotFoundError,
+    PermanentError,
+    Taint,
+    TemporaryError,
+)
+
+T = TypeVar("T")
+_CONFLICT_RETRIES = 5
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def translate(exc: Exception) -> Exception:
+    """Map client errors to the port's error classes (they decide retries)."""
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        msg = f"{status} {exc.reason}: {_api_message(exc)}"
+        if status == 404:
+            return NotFoundError(msg)
+        if status in (409, 429) or status >= 500:
+            retry_after = 1.0
+            headers = exc.headers or {}
+            if "Retry-After" in headers:
+                with contextlib.suppress(ValueError):
+                    retry_after = float(headers["Retry-After"])
+            return TemporaryError(msg, delay=retry_after)
+        return PermanentError(msg)
+    if isinstance(exc, urllib3.exceptions.HTTPError | socket.timeout | ConnectionError | TimeoutError):
+        return TemporaryError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _api_message(exc: ApiException) -> str:
+    import json
+
+    try:
+        body = json.loads(exc.body or "{}")
+        return str(body.get("message") or exc.body)
+    except (ValueError, TypeError):
+        return str(exc.body)
+
+
+def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    try:
+        return fn(*args, **kwargs)
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise translate(exc) from exc
+
+
+class KubeCluster:
+    """Cluster port on the Kubernetes API."""
+
+    def __init__(self, api: client.ApiClient, *, event_namespace: str = "default",
+                 component: str = "kmend", request_timeout_s: float = 10.0) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.event_namespace = event_namespace
+        self.component = component
+        self.timeout = request_timeout_s
+        self.host = socket.gethostname()
+
+    @classmethod
+    def from_config(cls, kubeconfig: str | None = None, *, in_cluster: bool = False,
+                    **kwargs: Any) -> KubeCluster:
+        """Build from a kubeconfig file or the in-cluster service account."""
+        if in_cluster:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            return cls(client.ApiClient(), **kwargs)
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient(cfg), **kwargs)
+
+    def list_nodes(self) -> Sequence[NodeInfo]:
+        nodes = _call(self.core.list_node, _request_timeout=self.timeout)
+        return [self._info(n) for n in nodes.items]
+
+    def get_node(self, name: str) -> NodeInfo:
+        return self._info(_call(self.core.read_node, name, _request_timeout=self.timeout))
+
+    def cordon(self, name: str) -> None:
+        _call(self.core.patch_node, name, {"spec": {"unschedulable": True}}, _request_timeout=self.timeout)
+
+    def uncordon(self, name: str) -> None:
+        _call(self.core.patch_node, name, {"spec": {"unschedulable": False}}, _request_timeout=self.timeout)
+
+    def add_taint(self, name: str, taint: Taint) -> None:
+        def edit(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            kept = [t for t in taints if (t.get("key"), t.get("effect")) != (taint.key, taint.effect)]
+            entry: dict[str, Any] = {"key": taint.key, "effect": taint.effect}
+            if taint.value:
+                entry["value"] = taint.value
+            return [*kept, entry]
+
+        self._edit_taints(name, edit)
+
+    def remove_taint(self, name: str, key: str) -> None:
+        self._edit_taints(name, lambda taints: [t for t in taints if t.get("key") != key])
+
+    def set_condition(self, name: str, condition: Condition) -> None:
+        node = _call(self.core.read_node_status, name, _request_timeout=self.timeout)
+        now = _now()
+        transition = now
+        for c in (node.status.conditions or []) if node.status else []:
+            if c.type == condition.type and c.status == condition.status and c.last_transition_time:
+                transition = c.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"status": {"conditions": [{
+            "type": condition.type, "status": condition.status, "reason": condition.reason,
+            "message": condition.message, "lastHeartbeatTime": now, "lastTransitionTime": transition,
+        }]}}
+        _call(self.core.patch_node_status, name, body, _request_timeout=self.timeout)
+
+    def emit_event(self, event: ClusterEvent) -> None:
+        node: Any = _call(self.core.read_node, event.node, _request_timeout=self.timeout)
+        now = dt.datetime.now(dt.UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{event.node}.kmend-", namespace=self.event_namespace),
+            involved_object=client.V1ObjectReference(kind="Node", name=event.node, uid=node.metadata.uid,
+                                                     api_version="v1"),
+            reason=event.reason, message=event.message[:1024], type=event.type,
+            source=client.V1EventSource(component=self.component, host=self.host),
+            reporting_component=self.component, reporting_instance=self.host,
+            first_timestamp=now, last_timestamp=now, count=1, action="Remediate",
+        )
+        _call(self.core.create_namespaced_event, self.event_namespace, body, _request_timeout=self.timeout)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _edit_taints(self, name: str, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
+        for attempt in range(_CONFLICT_RETRIES):
+            node: Any = _call(self.core.read_node, name, _request_timeout=self.timeout)
+            # API field names (timeAdded), not the client's attribute names (time_added).
+            current: list[dict[str, Any]] = [
+                self.api.sanitize_for_serialization(t)  # type: ignore[no-untyped-call]
+                for t in (node.spec.taints or [])
+            ]
+            wanted = edit(current)
+            if wanted == current:
+                return
+            body = {"metadata": {"resourceVersion": node.metadata.resource_version},
+                    "spec": {"taints": wanted}}
+            try:
+                _call(self.core.patch_node, name, body, _request_timeout=self.timeout)
+                return
+            except TemporaryError:
+                if attempt == _CONFLICT_RETRIES - 1:
+                    raise
+        raise TemporaryError(f"taints of {name} kept changing")
+
+    @staticmethod
+    def _info(n: Any) -> NodeInfo:
+        spec = n.spec
+        taints = tuple(Taint(t.key, t.value or "", t.effect) for t in (spec.taints or []))
+        conds = tuple(
+            Condition(c.type, c.status, c.reason or "", c.message or "")
+            for c in ((n.status.conditions or []) if n.status else [])
+        )
+        return NodeInfo(name=n.metadata.name, unschedulable=bool(spec.unschedulable), taints=taints,
+                        labels=dict(n.metadata.labels or {}), conditions=conds)

@@ -1,0 +1,59 @@
+"""POST /v1/signals: batches from collectors; a malformed batch is rejected whole."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from collector.wire import SignalBatch, to_record
+from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
+
+router = APIRouter(prefix="/v1", tags=["ingest"])
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Request body, gunzipped when sent with Content-Encoding: gzip, bounded in size."""
+    raw = await request.body()
+    if request.headers.get("content-encoding", "").lower() == "gzip":
+        try:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            raw = d.decompress(raw, limit + 1)
+        except (zlib.error, gzip.BadGzipFile) as exc:
+            raise HTTPException(400, f"body is not valid gzip: {exc}") from exc
+    if len(raw) > limit:
+        raise HTTPException(413, f"batch larger than {limit} bytes")
+    return raw
+
+
+def validation_response(exc: ValidationError) -> JSONResponse:
+    """422 naming every bad field as a dotted path (``signals.3.payload.text``)."""
+    errors = [{"field": ".".join(str(p) for p in e["loc"]), "msg": e["msg"], "type": e["type"]}
+              for e in exc.errors(include_url=False, include_input=False)]
+    first = errors[0]["field"] if errors else ""
+    return JSONResponse(status_code=422, content={
+        "detail": f"batch rejected: invalid field {first!r}: {errors[0]['msg'] if errors else ''}",
+        "errors": errors[:50],
+    })
+
+
+@router.post("/signals", dependencies=[IngestAuth], responses={422: {"description": "malformed batch"}})
+async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDep) -> Any:
+    """Store and analyze a batch of signals. Repeated ids are accepted and ignored."""
+    body = await read_body(request, settings.max_batch_bytes)
+    try:
+        batch = SignalBatch.model_validate_json(body)
+    except ValidationError as exc:
+        kmend.metrics.rejected.inc()
+        return validation_response(exc)
+    outcome = kmend.ingest([to_record(s) for s in batch.signals])
+    return {
+        "accepted": outcome.accepted,
+        "duplicates": outcome.duplicates,
+        "findings": len(outcome.findings),
+        "incidents": sorted({i.id for i in outcome.incidents}),
+    }

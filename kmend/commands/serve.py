@@ -1,0 +1,35 @@
+"""`kmend serve`: the control plane."""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from kmend.app import create_app
+from kmend.settings import Settings
+from kmend.wiring import make_kmend
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the subcommand."""
+    p = sub.add_parser("serve", help="run the control plane (API, analyzer, healer)")
+    p.add_argument("--host", help="listen address (KMEND_HOST)")
+    p.add_argument("--port", type=int, help="listen port (KMEND_PORT)")
+    p.add_argument("--database-url", help="SQLAlchemy URL (KMEND_DATABASE_URL)")
+    p.add_argument("--cluster", choices=["auto", "sim", "kube"], help="cluster adapter (KMEND_CLUSTER)")
+    p.add_argument("--dry-run", action="store_true", default=None, help="plan but change nothing")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted."""
+    overrides = {k: v for k, v in {
+        "host": args.host, "port": args.port, "database_url": args.database_url,
+        "cluster": args.cluster, "dry_run": args.dry_run,
+    }.items() if v is not None}
+    settings = Settings(**overrides)
+    kmend = make_kmend(settings)
+    app = create_app(kmend, settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    return 0

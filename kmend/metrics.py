@@ -1,0 +1,31 @@
+"""Prometheus metrics of the service, on an explicit registry (no globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """One line per metric, with help text."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.signals = Counter("kmend_ingest_signals_total", "Signals accepted for the first time, by source",
+                               ["source"], registry=r)
+        self.duplicates = Counter("kmend_ingest_duplicate_signals_total",
+                                  "Signals ignored because their id was already stored", registry=r)
+        self.rejected = Counter("kmend_ingest_rejected_batches_total", "Batches rejected whole as malformed",
+                                registry=r)
+        self.batch_seconds = Histogram("kmend_ingest_batch_duration_seconds",
+                                       "Time to store and analyze one batch", registry=r)
+        self.findings = Counter("kmend_analyzer_findings_total", "Findings produced, by fault class",
+                                ["fault_class"], registry=r)
+        self.incidents_open = Gauge("kmend_incidents_open", "Incidents open or remediating, by fault class",
+                                    ["fault_class"], registry=r)
+        self.actions = Counter("kmend_healer_actions_total", "Plan steps run, by kind and result",
+                               ["kind", "result"], registry=r)
+        self.plans = Counter("kmend_healer_plans_total", "Plans created, by policy and mode",
+                             ["policy", "mode"], registry=r)
+        self.nodes_quarantined = Gauge("kmend_nodes_quarantined", "Nodes cordoned and tainted by kmend",
+                                       registry=r)

@@ -1,0 +1,225 @@
+"""The service core: ingest → analyze → store, and the healer loop. Wires the stages."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from analyzer.correlate import Correlator
+from analyzer.pipeline import Analyzer
+from analyzer.records import Finding, Incident, IncidentState
+from analyzer.rules import Rule
+from collector.signal import Signal
+from healer.cluster import Cluster
+from healer.executor import PlanExecutor
+from healer.notify import Notifier
+from healer.policy import FAULT_TAINT_KEY, PolicyConfig, choose_plan, plan_id_for
+from healer.records import ActionStep, Mode, Plan, PlanState
+from kmend.metrics import Metrics
+from kmend.store import IngestOutcome, Store
+
+log = logging.getLogger("kmend.service")
+
+ACTIVE = (IncidentState.OPEN, IncidentState.REMEDIATING)
+
+
+@dataclass(frozen=True, slots=True)
+class HealerConfig:
+    """How the healer loop behaves."""
+
+    policy: PolicyConfig
+    """Policy knobs (dry-run, approval)."""
+    symptom_settle_s: float = 30.0
+    """Seconds to wait for a cause before acting on a symptom-only incident."""
+    interval_s: float = 0.5
+    """Loop period when nothing wakes it."""
+
+
+class Kmend:
+    """Ingests signals, keeps incidents, runs plans. Thread-safe."""
+
+    def __init__(
+        self,
+        store: Store,
+        cluster: Cluster,
+        rules: Sequence[Rule],
+        notifier: Notifier,
+        *,
+        metrics: Metrics | None = None,
+        healer: HealerConfig | None = None,
+        correlation_window_s: float = 1200.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.rules = tuple(rules)
+        self.metrics = metrics or Metrics()
+        self.healer = healer or HealerConfig(PolicyConfig())
+        self.clock = clock
+        self.window_s = correlation_window_s
+        self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s))
+        self.executor = PlanExecutor(cluster, store, notifier, on_step=self._count_step)
+        self._lock = threading.RLock()
+        self._heal_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._first_seen: dict[str, float] = {}
+        self.ready = False
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Migrate the schema and rebuild in-memory state from the store."""
+        self.store.migrate()
+        self.rebuild()
+        self.ready = True
+
+    def rebuild(self) -> None:
+        """Replay stored findings so incidents (and their ids) come back as they were."""
+        with self._lock:
+            corr = Correlator(window_s=self.window_s)
+            for f in self.store.findings_in_order():
+                corr.add(f)
+            states = self.store.incident_states()
+            now = self.clock()
+            for inc in corr.incidents():
+                st = states.get(inc.id)
+                if st and st != inc.state.value:
+                    corr.set_state(inc.id, IncidentState(st), now, "restored")
+            self.analyzer = Analyzer(self.rules, correlator=corr)
+            self._refresh_open_gauge()
+
+    # -- ingest --------------------------------------------------------------------
+
+    def ingest(self, signals: Sequence[Signal]) -> IngestOutcome:
+        """Store and analyze a batch; repeated ids are ignored."""
+        with self._lock, self.metrics.batch_seconds.time():
+            try:
+                outcome = self.store.ingest(signals, self._analyze)
+            except Exception:
+                # The transaction rolled back; the correlator may hold its findings: rebuild it.
+                self.rebuild()
+                raise
+        for src, n in Tally(s.source.value for s in outcome.fresh).items():
+            self.metrics.signals.labels(src).inc(n)
+        if outcome.duplicates:
+            self.metrics.duplicates.inc(outcome.duplicates)
+        for f in outcome.findings:
+            self.metrics.findings.labels(f.fault_class.value).inc()
+        if outcome.incidents:
+            self._refresh_open_gauge()
+            self._wake.set()
+        return outcome
+
+    def _analyze(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
+        found, changed = self.analyzer.process(signals)
+        return found, changed, self.analyzer.correlator.take_merges()
+
+    def incidents(self) -> list[Incident]:
+        """All incidents, oldest first."""
+        with self._lock:
+            return self.analyzer.correlator.incidents()
+
+    # -- healing ---------------------------------------------------------------------
+
+    def heal_once(self) -> list[Plan]:
+        """Plan for new incidents and run runnable plans; returns the plans touched."""
+        with self._heal_lock:
+            touched = [self.executor.execute(p) for p in self.store.list_plans(state=PlanState.RUNNING.value)]
+            with self._lock:
+                active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
+            known = self.store.plan_ids()
+            now = self.clock()
+            for inc in active:
+                if plan_id_for(inc) in known:
+                    continue
+                first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
+                if inc.root_finding.is_symptom_class and now - first < self.healer.symptom_settle_s:
+                    continue  # the cause may still arrive (kernel logs can lag container logs)
+                plan = choose_plan(inc, self.healer.policy)
+                self.store.save_plan(plan)
+                self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
+                if plan.mode is Mode.APPROVAL:
+                    plan = Plan(plan.id, plan.incident_id, plan.policy, plan.mode, plan.steps,
+                                PlanState.AWAITING_APPROVAL, plan.reason)
+                    self.store.save_plan(plan)
+                else:
+                    plan = self.executor.execute(plan)
+                self._after_plan(inc, plan)
+                touched.append(plan)
+            return touched
+
+    def _after_plan(self, inc: Incident, plan: Plan) -> None:
+        if plan.state is PlanState.SUCCEEDED and plan.policy == "quarantine-hardware":
+            with self._lock:
+                updated = self.analyzer.correlator.set_state(
+                    inc.id, IncidentState.REMEDIATING, self.clock(),
+                    f"node {inc.root_cause.node} quarantined by {plan.id}")
+            self.store.save_incident(updated)
+            self._refresh_open_gauge()
+
+    def _count_step(self, plan: Plan, step: ActionStep) -> None:
+        self.metrics.actions.labels(step.kind.value, step.state.value).inc()
+
+    def wake(self) -> None:
+        """Make the healer loop run now."""
+        self._wake.set()
+
+    def run_healer(self, stop: threading.Event) -> None:
+        """Healer loop: runs until `stop` is set; a failing round is logged, never fatal."""
+        while not stop.is_set():
+            try:
+                self.heal_once()
+            except Exception:
+                log.exception("healer round failed")
+            self._wake.wait(self.healer.interval_s)
+            self._wake.clear()
+
+    # -- views -------------------------------------------------------------------------
+
+    def node_health(self) -> dict[str, dict[str, Any]]:
+        """Per-node health: healthy, suspect (open incident) or quarantined (kmend taint)."""
+        with self._lock:
+            active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
+        by_node: dict[str, list[Incident]] = {}
+        for inc in active:
+            if inc.root_cause.node:
+                by_node.setdefault(inc.root_cause.node, []).append(inc)
+        out: dict[str, dict[str, Any]] = {}
+        quarantined = 0
+        for n in self.cluster.list_nodes():
+            fault = next((t.value for t in n.taints if t.key == FAULT_TAINT_KEY), None)
+            incs = by_node.get(n.name, [])
+            state = "quarantined" if fault else ("suspect" if incs else "healthy")
+            quarantined += fault is not None
+            out[n.name] = {
+                "state": state, "cordoned": n.unschedulable, "fault": fault,
+                "taints": [f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}" for t in n.taints],
+                "incidents": [i.id for i in incs],
+                "conditions": {c.type: c.status for c in n.conditions},
+            }
+        self.metrics.nodes_quarantined.set(quarantined)
+        return out
+
+    def actions(self) -> list[dict[str, Any]]:
+        """Every step of every plan, flattened (for summaries)."""
+        out = []
+        for p in self.store.list_plans():
+            for s in p.steps:
+                out.append({"plan": p.id, "incident": p.incident_id, "kind": s.kind.value, "node": s.node,
+                            "result": s.state.value, "detail": s.result, "mode": p.mode.value})
+        return out
+
+    def _refresh_open_gauge(self) -> None:
+        counts: Tally[str] = Tally()
+        for i in self.analyzer.correlator.incidents():
+            if i.state in ACTIVE:
+                counts[i.fault_class.value] += 1
+        self.metrics.incidents_open.clear()
+        for fc, n in counts.items():
+            self.metrics.incidents_open.labels(fc).set(n)
+

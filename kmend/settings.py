@@ -1,0 +1,36 @@
+"""Service settings: one BaseSettings class, read from KMEND_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from analyzer.rules import default_rules_dir
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told. Built once by the CLI and passed down."""
+
+    model_config = SettingsConfigDict(env_prefix="KMEND_", env_nested_delimiter="__")
+
+    database_url: str = Field("sqlite:///kmend.db", description="SQLAlchemy URL; postgresql+psycopg://... for replicas")
+    rules_dirs: list[Path] = Field(default_factory=lambda: [default_rules_dir()])
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ingest_token: SecretStr | None = Field(None, description="bearer token collectors must send, if set")
+    cluster: Literal["auto", "sim", "kube"] = "auto"
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    event_namespace: str = "default"
+    sim_nodes: int = 16
+    sim_gpus_per_node: int = 8
+    dry_run: bool = False
+    require_approval: bool = False
+    correlation_window_s: float = 1200.0
+    symptom_settle_s: float = Field(30.0, description="wait this long for a cause before acting on symptoms")
+    healer_interval_s: float = 0.5
+    notify_webhook_url: str | None = None
+    max_batch_bytes: int = 32 * 1024 * 1024

@@ -1,0 +1,294 @@
+"""The store: signals (deduplicated by id), findings, incidents, plans and the step journal."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+
+from analyzer.records import Finding, Incident
+from collector.signal import Signal
+from collector.wire import to_wire
+from healer.records import ActionStep, Plan, StepState
+from kmend.serialize import (
+    finding_from_dict,
+    finding_to_dict,
+    incident_to_dict,
+    plan_from_dict,
+    plan_to_dict,
+)
+from kmend.store import schema
+
+Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
+"""Signals → (new findings, changed incidents, merges as (merged incident id, surviving id))."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestOutcome:
+    """What one ingested batch did."""
+
+    accepted: int
+    """Signals stored for the first time."""
+    duplicates: int
+    """Signals already seen (ignored)."""
+    findings: tuple[Finding, ...]
+    """Findings produced by the new signals."""
+    incidents: tuple[Incident, ...]
+    """Incidents created or changed."""
+    fresh: tuple[Signal, ...] = ()
+    """The newly stored signals."""
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.close()
+
+
+class Store:
+    """SQLAlchemy Core store; SQLite file by default, PostgreSQL by URL."""
+
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
+        self.url = url
+        self.clock = clock
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True, **self._engine_args(url))
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._seq_lock = threading.Lock()
+        self._seq = 0
+
+    @staticmethod
+    def _engine_args(url: str) -> dict[str, Any]:
+        if url.startswith("sqlite"):
+            return {"connect_args": {"check_same_thread": False}}
+        return {"pool_size": 5, "max_overflow": 5}
+
+    # -- schema -------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Bring the schema to the latest Alembic revision."""
+        cfg = Config()
+        cfg.set_main_option("script_location", str(resources.files("kmend") / "migrations"))
+        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+        with self.engine.connect() as conn:
+            self._seq = conn.execute(select(func.coalesce(func.max(schema.findings.c.seq), 0))).scalar_one()
+
+    def revision(self) -> str | None:
+        """Current Alembic revision."""
+        with self.engine.connect() as conn:
+            try:
+                return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            except Exception:
+                return None
+
+    def ping(self) -> bool:
+        """Whether the database answers."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return True
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        """Release connections."""
+        self.engine.dispose()
+
+    # -- ingest ---------------------------------------------------------------------
+
+    def ingest(self, signals: Sequence[Signal], analyze: Analyze) -> IngestOutcome:
+        """Store new signals, analyze them and store the results — all in one transaction.
+
+        Signals and the findings they produced commit together, so a crash can
+        neither lose a signal's analysis nor analyze a signal twice.
+        """
+        unique: dict[str, Signal] = {}
+        for s in signals:
+            unique.setdefault(s.id, s)
+        with self.engine.begin() as conn:
+            new_ids = self._insert_new(conn, list(unique.values()))
+            fresh = [s for s in unique.values() if s.id in new_ids]
+            found, changed, merges = analyze(fresh) if fresh else ([], [], [])
+            self._write_results(conn, found, changed, merges)
+        return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
+
+    def _insert(self, table: Table) -> Any:
+        return (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert(table)
+
+    def _insert_new(self, conn: Connection, sigs: list[Signal]) -> set[str]:
+        if not sigs:
+            return set()
+        rows = [{"id": s.id, "node": s.node, "source": s.source.value, "ts": s.ts, "body": to_wire(s)}
+                for s in sigs]
+        new: set[str] = set()
+        for i in range(0, len(rows), 2000):
+            stmt = self._insert(schema.signals).on_conflict_do_nothing(index_elements=["id"])
+            res = conn.execute(stmt.returning(schema.signals.c.id), rows[i:i + 2000])
+            new.update(r[0] for r in res)
+        return new
+
+    def _write_results(self, conn: Connection, found: Sequence[Finding], changed: Iterable[Incident],
+                       merges: Iterable[tuple[str, str]]) -> None:
+        new_ids = {f.id for f in found}
+        inc_by_finding: dict[str, str] = {}
+        for inc in changed:
+            self._upsert_incident(conn, inc)
+            for f in inc.findings:
+                if f.id in new_ids:
+                    inc_by_finding[f.id] = inc.id
+        rows = []
+        with self._seq_lock:
+            for f in found:
+                self._seq += 1
+                rows.append({"id": f.id, "seq": self._seq, "incident_id": inc_by_finding[f.id], "ts": f.ts,
+                             "fault_class": f.fault_class.value, "node": f.where.node,
+                             "body": finding_to_dict(f)})
+        if rows:
+            stmt = self._insert(schema.findings).on_conflict_do_nothing(index_elements=["id"])
+            conn.execute(stmt, rows)
+        # A cause that adopted several symptom incidents: their findings move to the survivor.
+        for old, new in merges:
+            conn.execute(schema.findings.update().where(schema.findings.c.incident_id == old)
+                         .values(incident_id=new))
+
+    def _upsert_incident(self, conn: Connection, inc: Incident) -> None:
+        row = {"id": inc.id, "state": inc.state.value, "fault_class": inc.fault_class.value,
+               "hardware": inc.hardware, "node": inc.root_cause.node, "opened_at": inc.opened_at,
+               "updated_at": inc.updated_at, "body": incident_to_dict(inc, findings=False)}
+        stmt = self._insert(schema.incidents).values(row)
+        stmt = stmt.on_conflict_do_update(index_elements=["id"], set_={k: stmt.excluded[k] for k in row
+                                                                        if k != "id"})
+        conn.execute(stmt)
+
+    def save_incident(self, inc: Incident) -> None:
+        """Insert or update one incident (state changes from the healer)."""
+        with self.engine.begin() as conn:
+            self._upsert_incident(conn, inc)
+
+    # -- reads ------------------------------------------------------------------------
+
+    def findings_in_order(self, since_ts: float | None = None) -> list[Finding]:
+        """Findings in the order they were first stored (to rebuild the correlator)."""
+        q = select(schema.findings.c.body).order_by(schema.findings.c.seq)
+        if since_ts is not None:
+            q = q.where(schema.findings.c.ts >= since_ts)
+        with self.engine.connect() as conn:
+            return [finding_from_dict(r[0]) for r in conn.execute(q)]
+
+    def incident_states(self) -> dict[str, str]:
+        """State of every stored incident."""
+        with self.engine.connect() as conn:
+            return {r[0]: r[1] for r in conn.execute(select(schema.incidents.c.id, schema.incidents.c.state))}
+
+    def list_incidents(self, *, state: str | None = None, node: str | None = None,
+                       limit: int = 500) -> list[dict[str, Any]]:
+        """Incident summaries, newest first."""
+        q = select(schema.incidents.c.body).order_by(schema.incidents.c.updated_at.desc()).limit(limit)
+        if state:
+            q = q.where(schema.incidents.c.state == state)
+        if node:
+            q = q.where(schema.incidents.c.node == node)
+        with self.engine.connect() as conn:
+            return [dict(r[0]) for r in conn.execute(q)]
+
+    def get_incident(self, incident_id: str) -> dict[str, Any] | None:
+        """One incident with its findings."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(schema.incidents.c.body).where(schema.incidents.c.id == incident_id)).first()
+            if row is None:
+                return None
+            body = dict(row[0])
+            fs = conn.execute(select(schema.findings.c.body).where(schema.findings.c.incident_id == incident_id)
+                              .order_by(schema.findings.c.seq))
+            body["findings"] = [r[0] for r in fs]
+            body["plans"] = [plan_to_dict(p) for p in self._plans(conn, incident_id)]
+            return body
+
+    def count_signals(self) -> int:
+        """Number of distinct signals stored."""
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(schema.signals)).scalar_one())
+
+    # -- plans: the healer's journal ----------------------------------------------------
+
+    def save_plan(self, plan: Plan) -> None:
+        """Insert or update a plan and all its steps (Journal)."""
+        now = self.clock()
+        with self.engine.begin() as conn:
+            row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
+                   "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan)}
+            stmt = self._insert(schema.plans).values(row)
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=["id"],
+                set_={"state": stmt.excluded.state, "mode": stmt.excluded.mode,
+                      "updated_at": stmt.excluded.updated_at, "body": stmt.excluded.body}))
+            for idx, s in enumerate(plan.steps):
+                self._upsert_step(conn, plan.id, idx, s, now)
+
+    def save_step(self, plan_id: str, step: ActionStep) -> None:
+        """Durably record one step's state (Journal)."""
+        now = self.clock()
+        with self.engine.begin() as conn:
+            idx = int(step.id.rsplit("-", 1)[1])
+            self._upsert_step(conn, plan_id, idx, step, now)
+
+    def _upsert_step(self, conn: Connection, plan_id: str, idx: int, s: ActionStep, now: float) -> None:
+        row = {"id": s.id, "plan_id": plan_id, "idx": idx, "kind": s.kind.value, "node": s.node,
+               "state": s.state.value, "result": s.result, "params": dict(s.params), "updated_at": now}
+        stmt = self._insert(schema.steps).values(row)
+        conn.execute(stmt.on_conflict_do_update(
+            index_elements=["id"],
+            set_={"state": stmt.excluded.state, "result": stmt.excluded.result,
+                  "updated_at": stmt.excluded.updated_at}))
+
+    def _plans(self, conn: Connection, incident_id: str | None = None,
+               plan_id: str | None = None) -> list[Plan]:
+        q = select(schema.plans.c.body).order_by(schema.plans.c.created_at)
+        if incident_id:
+            q = q.where(schema.plans.c.incident_id == incident_id)
+        if plan_id:
+            q = q.where(schema.plans.c.id == plan_id)
+        plans = [plan_from_dict(r[0]) for r in conn.execute(q)]
+        out = []
+        for p in plans:
+            # The step table is the journal: it is newer than the plan body.
+            rows = conn.execute(select(schema.steps.c.id, schema.steps.c.state, schema.steps.c.result)
+                                .where(schema.steps.c.plan_id == p.id)).all()
+            by_id = {r[0]: (r[1], r[2]) for r in rows}
+            steps = tuple(
+                replace(s, state=StepState(by_id[s.id][0]), result=by_id[s.id][1]) if s.id in by_id else s
+                for s in p.steps
+            )
+            out.append(replace(p, steps=steps))
+        return out
+
+    def get_plan(self, plan_id: str) -> Plan | None:
+        """One plan with its journaled step states."""
+        with self.engine.connect() as conn:
+            found = self._plans(conn, plan_id=plan_id)
+            return found[0] if found else None
+
+    def list_plans(self, *, state: str | None = None) -> list[Plan]:
+        """All plans, oldest first."""
+        with self.engine.connect() as conn:
+            plans = self._plans(conn)
+        return [p for p in plans if state is None or p.state.value == state]
+
+    def plan_ids(self) -> set[str]:
+        """Ids of all stored plans."""
+        with self.engine.connect() as conn:
+            return {r[0] for r in conn.execute(select(schema.plans.c.id))}
