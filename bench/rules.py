@@ -5,7 +5,8 @@
 
 The mix is training stdout, NCCL INFO chatter and kernel noise with about 0.1% real
 fault lines (taken from the rules' own examples). Results: MB/s and lines/s per core for
-the multi-pattern engine (lines -> findings) and for the naive loop that runs every
+the multi-pattern engine (a log file's bytes -> findings, and a list of lines -> findings)
+and for the naive loop that runs every
 rule's regex on every line. The naive loop is slow, so it runs on the first
 ``--naive-mb`` of the same data and its rate is reported as measured on that subset.
 """
@@ -116,8 +117,9 @@ def main() -> int:
     ap.add_argument("--mb", type=float, default=200.0, help="size of the generated mix")
     ap.add_argument("--naive-mb", type=float, default=4.0, help="subset the naive loop runs on")
     ap.add_argument("--batch", type=int, default=65536, help="lines per scan on the line-list path")
-    ap.add_argument("--chunk-mb", type=float, default=64.0, help="bytes per scan on the file path")
+    ap.add_argument("--chunk-mb", type=float, default=256.0, help="megabytes per scan on the file path")
     ap.add_argument("--backend", choices=[b.value for b in Backend], default=None)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per engine result; the fastest is reported")
     args = ap.parse_args()
 
     rules = load_rules([default_rules_dir()])
@@ -134,10 +136,15 @@ def main() -> int:
                           "seconds": round(secs, 3), "mb_per_s_per_core": round(nbytes / 1e6 / secs, 2),
                           "lines_per_s_per_core": round(nlines / secs), **extra}), flush=True)
 
-    secs, found = run_buffer(engine, data, int(args.chunk_mb * 1e6))
-    emit(f"multi-pattern/{backend.value}", len(data), len(lines), secs, found, input="file bytes")
-    secs, found = run_lines(engine, lines, args.batch)
-    emit(f"multi-pattern/{backend.value}", len(data), len(lines), secs, found, input="list of str lines")
+    # Best of N: other processes only ever slow a run down, so the fastest is the engine's own speed.
+    runs = [run_buffer(engine, data, int(args.chunk_mb * 1e6)) for _ in range(max(args.repeat, 1))]
+    secs, found = min(runs)
+    emit(f"multi-pattern/{backend.value}", len(data), len(lines), secs, found, input="file bytes",
+         repeat=len(runs), statistic="fastest")
+    runs = [run_lines(engine, lines, args.batch) for _ in range(max(args.repeat, 1))]
+    secs, found = min(runs)
+    emit(f"multi-pattern/{backend.value}", len(data), len(lines), secs, found, input="list of str lines",
+         repeat=len(runs), statistic="fastest")
 
     sub: list[str] = []
     sub_bytes = 0
