@@ -251,7 +251,8 @@ class Correlator:
         keep.findings.insert(0, cause)
         keep.note_ts(cause.ts)
         self._by_finding[cause.id] = keep.id
-        keep.timeline.append(TimelineEntry(cause.ts, f"root cause found: {cause.rule_id} on {cause.where.node}"))
+        why = f"root cause found: {cause.rule_id} on {cause.where.node}"
+        keep.timeline.append(TimelineEntry(cause.ts, why))
         return keep
 
     def _open(self, f: Finding) -> _Draft:
