@@ -124,3 +124,23 @@ def test_jobs_come_from_pod_names() -> None:
     assert job_from_pod("llama-pretrain-worker-3") == "llama-pretrain"
     assert job_from_pod("bert-7") == "bert"
     assert job_from_pod("standalone") == "standalone"
+
+
+def test_a_bundle_without_job_or_node_labels_still_folds_timeouts_under_the_xid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """dmesg of the failed node plus a bare training log (no pod path): one job is assumed."""
+    (tmp_path / "dmesg.txt").write_text(XID79 + "\n")
+    (tmp_path / "train.log").write_text("\n".join(TIMEOUT.format(r=r) for r in range(4)) + "\n")
+    out = analyze_json(capsys, str(tmp_path / "dmesg.txt"), str(tmp_path / "train.log"))
+    [inc] = out["incidents"]  # type: ignore[misc]
+    assert inc["fault_class"] == "gpu_lost" and inc["root_cause"]["pci"] == "0000:44:00"
+    assert [f["rule_id"] for f in inc["findings"]].count("nccl-watchdog-timeout") == 4
+
+
+def test_json_piped_into_a_reader_that_leaves_early_is_not_an_error(tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path / "bundle")
+    kmend = str(Path(sys.executable).parent / "kmend")
+    out = subprocess.run(f"'{kmend}' analyze '{bundle}' --format json | head -1", shell=True,
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout == "{\n" and "Traceback" not in out.stderr

@@ -73,7 +73,7 @@ def collect(source: BundleSource, engine: MultiMatcher) -> tuple[list[Signal], s
 def diagnose(args: argparse.Namespace) -> list[Incident]:
     """Incidents of the bundle named by the parsed arguments."""
     rules = load_rules(args.rules or [default_rules_dir()])
-    correlator = Correlator(window_s=args.window if args.window is not None else BUNDLE_WINDOW_S)
+    correlator = Correlator(window_s=args.window if args.window is not None else BUNDLE_WINDOW_S, bundle=True)
     analyzer = Analyzer(rules, correlator=correlator)
     source = BundleSource(args.paths, node=args.node, job=args.job)
     signals, placements = collect(source, MultiMatcher(rules))
