@@ -59,8 +59,12 @@ class _Draft:
 class Correlator:
     """Folds findings into incidents, incrementally and idempotently."""
 
-    def __init__(self, *, window_s: float = DEFAULT_WINDOW_S, max_incidents: int = 5000) -> None:
+    def __init__(self, *, window_s: float = DEFAULT_WINDOW_S, max_incidents: int = 5000,
+                 bundle: bool = False) -> None:
         self.window_s = window_s
+        # A log bundle is cut around one failure of one job: there, a cause whose job is unknown may
+        # explain any symptom (and vice versa). A live cluster runs many jobs, so it needs a link.
+        self.bundle = bundle
         self.max_incidents = max_incidents
         self._latest_ts = 0.0
         self._drafts: dict[str, _Draft] = {}
@@ -188,8 +192,9 @@ class Correlator:
         if job is not None:
             if cause.where.job == job:
                 return True
-            return cause.where.node is not None and cause.where.node in self._job_nodes.get(job, ())
-        return False
+            if cause.where.node is not None and cause.where.node in self._job_nodes.get(job, ()):
+                return True
+        return self.bundle and (job is None or cause.where.job is None)
 
     def _cause_for(self, symptom: Finding) -> _Draft | None:
         best: _Draft | None = None
@@ -251,7 +256,8 @@ class Correlator:
         keep.findings.insert(0, cause)
         keep.note_ts(cause.ts)
         self._by_finding[cause.id] = keep.id
-        keep.timeline.append(TimelineEntry(cause.ts, f"root cause found: {cause.rule_id} on {cause.where.node}"))
+        why = f"root cause found: {cause.rule_id} on {cause.where.node}"
+        keep.timeline.append(TimelineEntry(cause.ts, why))
         return keep
 
     def _open(self, f: Finding) -> _Draft:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from analyzer.correlate import Correlator
-from analyzer.matcher import RegexMatcher
+from analyzer.engine import Backend
+from analyzer.escalate import Escalator
+from analyzer.matcher import FastMatcher
 from analyzer.records import Finding, Incident
 from analyzer.rules import Rule
 from collector.signal import LogLine, Signal
@@ -14,18 +16,22 @@ from collector.signal import LogLine, Signal
 class Analyzer:
     """Matches rules on signal batches and folds the findings into incidents."""
 
-    def __init__(self, rules: Sequence[Rule], *, correlator: Correlator | None = None) -> None:
+    def __init__(
+        self, rules: Sequence[Rule], *, correlator: Correlator | None = None, backend: Backend | None = None,
+    ) -> None:
         self.rules = tuple(rules)
-        self.matcher = RegexMatcher(self.rules)
+        self.matcher = FastMatcher(self.rules, backend=backend)
+        self.escalator = Escalator(self.rules)
         self.correlator = correlator or Correlator()
 
     def findings(self, signals: Sequence[Signal]) -> list[Finding]:
-        """Findings of a batch, without folding (also learns job placement)."""
+        """Findings of a batch, escalations included, without folding (also learns job placement)."""
         for sig in signals:
             p = sig.payload
             if isinstance(p, LogLine) and p.job:
                 self.correlator.observe_placement(p.job, sig.node)
-        return self.matcher.match(signals)
+        found = self.matcher.match(signals)
+        return found + self.escalator.observe_all(found)
 
     def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:
         """Findings of a batch and the incidents they created or changed."""

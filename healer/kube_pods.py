@@ -19,7 +19,14 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from healer.cluster import ClusterError, NotFoundError, PermanentError, Taint, TemporaryError
-from healer.gang.port import ConflictError, ObjectRef, PodGroupPhase, PodGroupStatus, UncertainError
+from healer.gang.port import (
+    ConflictError,
+    ObjectRef,
+    PodChanges,
+    PodGroupPhase,
+    PodGroupStatus,
+    UncertainError,
+)
 from healer.gang.quantity import PODS, canonical
 from healer.gang.records import (
     NodeRecord,
@@ -207,6 +214,11 @@ class KubePodScheduling:
                 continue
             groups.extend(pod_group_record(o, kind) for o in body.get("items") or ())
         return Snapshot(nodes, pods, tuple(groups))
+
+    def changes(self, cursor: str) -> PodChanges:
+        """Every read is a full relist (the cache diffs it); the cursor counts reads."""
+        snap = self.snapshot()
+        return PodChanges(str(int(cursor or 0) + 1), True, snap.pods, (), snap.nodes, snap.pod_groups)
 
     def bind(self, pod: PodRecord, node: str) -> None:
         """POST pods/{name}/binding with the pod's UID as precondition."""

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from healer.cluster import ClusterError, NotFoundError, TemporaryError
-from healer.gang.port import ConflictError, ObjectRef, PodGroupStatus
-from healer.gang.records import NodeRecord, PodGroupKind, PodGroupRecord, PodRecord, Snapshot
+from healer.gang.port import ConflictError, ObjectRef, PodChanges, PodGroupStatus, PodKey
+from healer.gang.records import NodeRecord, PodGroupKind, PodGroupRecord, PodRecord, Snapshot, bound_to
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,10 @@ class SimPods:
         self._failures: dict[tuple[str, str], list[ClusterError]] = {}
         self._budgets: list[tuple[str, Mapping[str, str], list[int]]] = []
         self._uids = itertools.count(1)
+        # Change log for ``changes``: entry i is the pod touched by change number base + i + 1.
+        self._log: list[PodKey] = []
+        self._log_base = 0
+        self._pending: dict[PodKey, None] = {}
         self.events: list[SimEvent] = []
         """Events in the order they were emitted."""
         self.group_status: dict[tuple[str, str], PodGroupStatus] = {}
@@ -86,8 +90,7 @@ class SimPods:
         """The pod's containers exited: it holds nothing any more (phase Succeeded or Failed)."""
         del succeeded  # both phases free the node alike
         with self._lock:
-            key = (namespace, name)
-            self._pods[key] = dataclasses.replace(self._get(namespace, name), finished=True)
+            self._put(dataclasses.replace(self._get(namespace, name), finished=True))
 
     def finish_termination(self, namespace: str, name: str) -> None:
         """The kubelet finished a terminating pod: the object goes and frees its resources."""
@@ -131,9 +134,23 @@ class SimPods:
     def list_pending(self, scheduler_name: str) -> Sequence[PodRecord]:
         """Unbound, non-terminating, unfinished pods for ``scheduler_name``."""
         with self._lock:
-            return [p for p in self._pods.values()
-                    if not p.node_name and p.scheduler_name == scheduler_name
-                    and not p.terminating and not p.finished]
+            pods = (self._pods[k] for k in self._pending)
+            return [p for p in pods if p.scheduler_name == scheduler_name]
+
+    def changes(self, cursor: str) -> PodChanges:
+        """Pods touched since ``cursor`` (their latest state, or gone); everything when it is "" or expired."""
+        with self._lock:
+            head = str(self._log_base + len(self._log))
+            nodes, groups = tuple(self._nodes.values()), tuple(self._groups.values())
+            since = int(cursor) if cursor.isdigit() else -1
+            if since < self._log_base:
+                pods = tuple(p for p in self._pods.values() if not p.finished)
+                return PodChanges(head, True, pods, (), nodes, groups)
+            touched = dict.fromkeys(self._log[since - self._log_base:])
+            live = [self._pods.get(k) for k in touched]
+            return PodChanges(head, False, tuple(p for p in live if p is not None and not p.finished),
+                              tuple(k for k, p in zip(touched, live, strict=True) if p is None or p.finished),
+                              nodes, groups)
 
     def snapshot(self) -> Snapshot:
         """Nodes, unfinished pods and PodGroups."""
@@ -159,7 +176,7 @@ class SimPods:
                 raise ConflictError(f"pod {pod.name} is being deleted, cannot be assigned to a host")
             if stored.node_name:
                 raise ConflictError(f"pod {pod.name} is already assigned to node \"{stored.node_name}\"")
-            self._pods[key] = dataclasses.replace(stored, node_name=node)
+            self._put(bound_to(stored, node))
             self.binds += 1
 
     def delete_pod(self, pod: PodRecord) -> None:
@@ -191,8 +208,25 @@ class SimPods:
 
     def _create(self, pod: PodRecord) -> PodRecord:
         stored = pod if pod.uid else dataclasses.replace(pod, uid=f"uid-{next(self._uids)}")
-        self._pods[(pod.namespace, pod.name)] = stored
+        self._put(stored)
         return stored
+
+    def _put(self, pod: PodRecord) -> None:
+        key = (pod.namespace, pod.name)
+        self._pods[key] = pod
+        if pod.node_name or pod.terminating or pod.finished:
+            self._pending.pop(key, None)
+        else:
+            self._pending[key] = None
+        self._touch(key)
+
+    def _touch(self, key: PodKey) -> None:
+        self._log.append(key)
+        if len(self._log) > max(65_536, 4 * len(self._pods)):
+            # Readers further behind than the kept half get a full list, as a watch gets 410 Gone.
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_base += drop
 
     def _delete(self, key: tuple[str, str]) -> None:
         stored = self._pods[key]
@@ -202,12 +236,14 @@ class SimPods:
             # Nothing runs it, so the API server removes it without a grace period.
             self._remove(key)
             return
-        self._pods[key] = dataclasses.replace(stored, terminating=True)
+        self._put(dataclasses.replace(stored, terminating=True))
         self._deadline[key] = self._clock() + self._grace_s
 
     def _remove(self, key: tuple[str, str]) -> None:
         gone = self._pods.pop(key)
+        self._pending.pop(key, None)
         self._deadline.pop(key, None)
+        self._touch(key)
         if self._recreate:
             # Its controller (Job, JobSet, StatefulSet) makes a fresh pending pod of the same name.
             self._create(dataclasses.replace(gone, uid="", node_name="", terminating=False, finished=False,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from healer.cluster import PermanentError, TemporaryError
 from healer.gang.config import SchedulerConfig
+from healer.gang.metrics import SchedulerMetrics
 from healer.gang.port import PodGroupPhase, UncertainError
 from healer.gang.reason import TIMES
 from healer.gang.reservations import ReservationBook
@@ -131,3 +134,31 @@ def test_reservation_is_released_once_the_restarted_gang_is_bound() -> None:
     assert sim.pod("train", "thief").node_name == "l1-n3"
     assert {sim.pod("train", f"job-{i}").node_name for i in range(4)} == {"l1-n0", "l1-n1", "l1-n2", "spare"}
     assert book.get("train/job") is None
+
+
+def test_metrics_count_cycles_gangs_pods_and_failures() -> None:
+    registry = CollectorRegistry()
+    sim, sched, _ = setup(nodes=2)
+    sched.metrics = SchedulerMetrics(registry)
+    for pod in gang("g", 2):
+        sim.add_pod(pod)
+    for pod in gang("h", 2):
+        sim.add_pod(pod)
+    sim.add_pod(MakePod("solo").gpus(8).obj())
+    sched.run_once()
+    sim.inject_bind_failure("train", "h-0", PermanentError("denied"))
+    for p in sim.pods():
+        if p.node_name:
+            sim.finish_pod(p.namespace, p.name)
+    sched.run_once()
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name)
+
+    assert value("kmend_scheduler_cycle_duration_seconds_count") == 2
+    # g is placed; h is placed but released when a bind fails, and its slots stay taken for solo
+    # until the next cycle sees what the release left.
+    assert value("kmend_scheduler_gangs_placed_total") == 1
+    assert value("kmend_scheduler_pods_bound_total") == 2
+    assert value("kmend_scheduler_bind_failures_total") == 1
+    assert value("kmend_scheduler_gangs_pending") == 2

@@ -70,3 +70,32 @@ def test_error_mapping(status: int, cls: type[Exception]) -> None:
     mapped = map_error(exc)
     assert type(mapped) is cls
     assert str(mapped) == "the API says no"
+
+
+def test_pod_group_status_and_events_reach_the_api_with_api_field_names() -> None:
+    from kubernetes import client
+
+    from healer.gang.port import ObjectRef, PodGroupPhase, PodGroupStatus
+    from healer.kube_pods import REASON_ANNOTATION, KubePodScheduling
+    from tests.fake_apiserver import FakeApiServer
+
+    with FakeApiServer() as api:
+        api.install_crd("scheduling.x-k8s.io", "v1alpha1")
+        api.add_custom("scheduling.x-k8s.io", "v1alpha1", "t", "g", {"minMember": 2, "scheduleTimeoutSeconds": 90})
+        kube = KubePodScheduling(client.ApiClient(client.Configuration(host=api.url)), clock=lambda: 1e9)
+        (group,) = kube.snapshot().pod_groups  # the Volcano CRD is absent: no groups, no error
+        assert (group.min_member, group.schedule_timeout_seconds) == (2, 90.0)
+        kube.set_pod_group_status("t", "g", PodGroupKind.COSCHEDULING,
+                                  PodGroupStatus(PodGroupPhase.PENDING, 0, "needs 2 pods"))
+        stored = api.custom[("scheduling.x-k8s.io", "v1alpha1")][("t", "g")]
+        assert stored["status"] == {"phase": "Pending", "scheduled": 0}
+        assert stored["metadata"]["annotations"][REASON_ANNOTATION] == "needs 2 pods"
+        kube.set_pod_group_status("t", "g", PodGroupKind.COSCHEDULING, PodGroupStatus(PodGroupPhase.SCHEDULED, 2))
+        assert stored["status"]["phase"] == "Scheduled" and REASON_ANNOTATION not in stored["metadata"]["annotations"]
+        kube.set_pod_group_status("t", "missing", PodGroupKind.COSCHEDULING, PodGroupStatus(PodGroupPhase.SCHEDULED, 1))
+        kube.emit_event(ObjectRef("PodGroup", "t", "g", group.uid, "scheduling.x-k8s.io/v1alpha1"),
+                        "FailedScheduling", "needs 2 pods", "Warning")
+        (event,) = api.events
+        assert event["involvedObject"] == {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                                           "name": "g", "namespace": "t", "uid": group.uid}
+        assert (event["reportingComponent"], event["source"]["component"]) == ("kmend", "kmend")

@@ -8,16 +8,13 @@ import numpy as np
 
 from healer.gang import reason
 from healer.gang.config import Level
-from healer.gang.gangs import Gang
+from healer.gang.gangs import Gang, ShapeKey, shapes_of
 from healer.gang.pick import TreeCaps, needed
 from healer.gang.quantity import describe
 from healer.gang.records import PodRecord
-from healer.gang.state import ClusterState, Counts, FilterKey, Vector, filter_key
+from healer.gang.state import ClusterState, Counts, Vector, filter_key
 from healer.gang.statement import Binding, Statement
 from healer.gang.taints import Mask
-
-ShapeKey = tuple[tuple[tuple[str, int], ...], FilterKey]
-"""Pods with equal requests and filters are interchangeable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,20 +43,6 @@ class Unfit:
     """Gang key."""
     reason: str
     """Reason with numbers."""
-
-
-def _shapes(pods: tuple[PodRecord, ...]) -> list[tuple[tuple[PodRecord, ...], PodRecord]]:
-    first = pods[0]
-    # Most gangs are uniform; comparing fields is far cheaper than building a key per pod.
-    if all(p.requests == first.requests and p.tolerations == first.tolerations
-           and p.node_selector == first.node_selector and p.affinity == first.affinity for p in pods):
-        return [(pods, first)]
-    groups: dict[ShapeKey, list[PodRecord]] = {}
-    for pod in pods:
-        groups.setdefault((tuple(sorted(pod.requests.items())), filter_key(pod)), []).append(pod)
-    # The biggest group goes first: it constrains topology most; the rest follow it.
-    ordered = sorted(groups.values(), key=len, reverse=True)
-    return [(tuple(g), g[0]) for g in ordered]
 
 
 class Placer:
@@ -117,7 +100,7 @@ class Placer:
         st = self.state
         restarting = st.reservations.get(gang.key)
         home = self._home(gang)
-        shapes = _shapes(pods)
+        shapes = gang.shapes if pods is gang.pending and gang.shapes else shapes_of(pods)
         simple = restarting is None and not home.any() and len(shapes) == 1
         level, lower = Level.LEAF, 0
         spares: list[str] = []

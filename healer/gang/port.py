@@ -12,7 +12,10 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from healer.cluster import TemporaryError
-from healer.gang.records import PodGroupKind, PodRecord, Snapshot
+from healer.gang.records import NodeRecord, PodGroupKind, PodGroupRecord, PodRecord, Snapshot
+
+PodKey = tuple[str, str]
+"""``(namespace, name)`` of a pod."""
 
 
 class ConflictError(TemporaryError):
@@ -58,6 +61,24 @@ class PodGroupStatus:
     """Why it waits, with numbers; empty once scheduled."""
 
 
+@dataclass(frozen=True, slots=True)
+class PodChanges:
+    """What changed since a cursor: pods as deltas, nodes and PodGroups whole (they are few)."""
+
+    cursor: str
+    """Pass it to the next ``changes`` call to read only what happens after this one."""
+    full: bool
+    """``pods`` holds every unfinished pod (first read, or the cursor expired): replace, do not merge."""
+    pods: tuple[PodRecord, ...]
+    """Pods added or changed since the cursor, each in its latest state; every pod when ``full``."""
+    gone: tuple[PodKey, ...]
+    """Pods deleted or finished since the cursor and not recreated."""
+    nodes: tuple[NodeRecord, ...]
+    """All nodes."""
+    pod_groups: tuple[PodGroupRecord, ...]
+    """All PodGroups."""
+
+
 def pod_ref(pod: PodRecord) -> ObjectRef:
     """The event target for a pod."""
     return ObjectRef("Pod", pod.namespace, pod.name, pod.uid)
@@ -73,6 +94,8 @@ class PodScheduling(Protocol):
     """Reading and binding pods for a secondary scheduler.
 
     Guarantees every adapter honours:
+    - ``changes(cursor)`` applied to what the previous call returned gives what ``snapshot`` would
+      return now (pods keyed by namespace and name); an empty or expired cursor gives a full list;
     - ``snapshot`` returns nodes, every pod that is not finished (pending, bound and terminating,
       whatever its scheduler) and every PodGroup, each list read in one pass;
     - ``bind`` follows the Binding API: a pod that is already bound, is being deleted or whose UID
@@ -91,6 +114,10 @@ class PodScheduling(Protocol):
 
     def snapshot(self) -> Snapshot:
         """Nodes, unfinished pods and PodGroups."""
+        ...
+
+    def changes(self, cursor: str) -> PodChanges:
+        """Pods changed and gone since ``cursor`` ("" for everything), with all nodes and PodGroups."""
         ...
 
     def bind(self, pod: PodRecord, node: str) -> None:

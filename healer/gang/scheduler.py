@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from healer.cluster import ClusterError, NotFoundError, TemporaryError
+from healer.gang.cache import SchedulerCache
 from healer.gang.config import SchedulerConfig
-from healer.gang.gangs import Gang, build_gangs
-from healer.gang.nodeindex import NodeIndex
+from healer.gang.gangs import Gang
+from healer.gang.metrics import SchedulerMetrics
 from healer.gang.placement import Placement, Placer, Unfit
 from healer.gang.port import (
     ConflictError,
@@ -27,7 +28,6 @@ from healer.gang.port import (
 )
 from healer.gang.records import PodRecord
 from healer.gang.reservations import ReservationBook
-from healer.gang.state import ClusterState
 from healer.gang.statement import Binding
 
 log = logging.getLogger(__name__)
@@ -85,15 +85,17 @@ class GangScheduler:
 
     def __init__(self, *, port: PodScheduling, is_leader: Callable[[], bool], clock: Callable[[], float],
                  config: SchedulerConfig | None = None, reservations: ReservationBook | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, metrics: SchedulerMetrics | None = None) -> None:
         self.port = port
         self.is_leader = is_leader
         self.clock = clock
         self.config = config or SchedulerConfig()
         self.reservations = reservations if reservations is not None else ReservationBook()
         self.sleep = sleep
+        self.metrics = metrics
+        self.cache = SchedulerCache(self.config)
+        """Pods, nodes and PodGroups kept between cycles; each cycle reads the changes since the last."""
         self._told: dict[str, tuple[str, float]] = {}
-        self._nodes: NodeIndex | None = None
 
     def run(self, stop: threading.Event, period_s: float = 1.0) -> None:
         """Run cycles every ``period_s`` until ``stop`` is set; a failed cycle is logged and retried."""
@@ -105,20 +107,24 @@ class GangScheduler:
             stop.wait(period_s)
 
     def run_once(self) -> CycleReport:
-        """One cycle over a fresh snapshot."""
+        """One cycle over a fresh view of the cluster, taken from the cache after reading what changed."""
         start = time.perf_counter()
         if not self.is_leader():
             return CycleReport(leader=False)
-        if not self.port.list_pending(self.config.scheduler_name):
-            return CycleReport(leader=True, seconds=time.perf_counter() - start)
+        if self.cache.config != self.config:
+            self.cache = SchedulerCache(self.config)
+        # With nothing pending after the last cycle, a filtered list of pending pods is the cheap
+        # way to find out whether there is work; otherwise the change read itself tells.
+        idle = not self.cache.cursor or not self.cache.has_pending()
+        if idle and not self.port.list_pending(self.config.scheduler_name):
+            return self._done(CycleReport(leader=True, seconds=time.perf_counter() - start), 0)
         now = self.clock()
-        snapshot = self.port.snapshot()
-        state = ClusterState(snapshot, self.config, self.reservations.active(now), nodes=self._nodes)
-        self._nodes = state.node_index
+        self.cache.apply(self.port.changes(self.cache.cursor))
+        state, gangs = self.cache.view(self.reservations.active(now))
         placer = Placer(state)
         results: list[GangResult] = []
         with ThreadPoolExecutor(max_workers=max(1, self.config.bind_workers)) as pool:
-            for gang in build_gangs(snapshot, self.config):
+            for gang in gangs:
                 if not self.is_leader():
                     break
                 found = placer.place(gang)
@@ -126,7 +132,15 @@ class GangScheduler:
                     results.append(self._bind(gang, found, pool, now))
                 else:
                     results.append(self._unfit(gang, found, now))
-        return CycleReport(leader=True, results=tuple(results), seconds=time.perf_counter() - start)
+        report = CycleReport(leader=True, results=tuple(results), seconds=time.perf_counter() - start)
+        return self._done(report, sum(1 for r in results if r.outcome != Outcome.BOUND))
+
+    def _done(self, report: CycleReport, pending: int) -> CycleReport:
+        if self.metrics is not None:
+            self.metrics.observe(report.seconds, pending,
+                                 placed=sum(1 for r in report.results if r.outcome == Outcome.BOUND),
+                                 bound=report.bound_pods)
+        return report
 
     def _bind(self, gang: Gang, placement: Placement, pool: ThreadPoolExecutor, now: float) -> GangResult:
         abort = threading.Event()
@@ -159,6 +173,11 @@ class GangScheduler:
             outcomes = [one(b) for b in placement.bindings]
         else:
             outcomes = list(pool.map(one, placement.bindings))
+        # The cache is updated here, on this thread, as kube-scheduler assumes a pod on its node
+        # once bound: the next cycle must not offer a just-bound pod again or count its node as free.
+        for binding, state in outcomes:
+            if state == "":
+                self.cache.assume_bound(binding.pod, binding.node)
         if all(state == "" for _, state in outcomes):
             self.reservations.release(gang.key)
             self._told.pop(gang.key, None)
@@ -168,6 +187,8 @@ class GangScheduler:
                          "Scheduled", message, "Normal")
             return GangResult(gang.key, Outcome.BOUND, len(outcomes), placement=placement)
         failed = sum(1 for _, s in outcomes if s in ("failed", "uncertain"))
+        if self.metrics is not None:
+            self.metrics.bind_failures.inc(failed)
         victims = [b.pod for b, s in outcomes if s in ("", "uncertain")]
         self._release(victims)
         why = f"binding failed for {failed} of {len(outcomes)} pods; released {len(victims)} bound pods"
@@ -195,6 +216,7 @@ class GangScheduler:
         for pod in pods:
             try:
                 self.port.delete_pod(pod)
+                self.cache.assume_deleted(pod)
             except NotFoundError:
                 continue
             except ClusterError as exc:

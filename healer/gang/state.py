@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,50 @@ Counts = npt.NDArray[np.int64]
 __all__ = ["ClusterState", "Counts", "FilterKey", "Matrix", "Vector", "filter_key"]
 
 
+def request_vector(columns: Mapping[str, int], requests: Mapping[str, int]) -> Vector:
+    """Requests as a vector over ``columns``; every pod takes one pod slot."""
+    vec = np.zeros(len(columns), dtype=np.int64)
+    for name, amount in requests.items():
+        vec[columns[name]] = amount
+    vec[columns[PODS]] = max(1, int(vec[columns[PODS]]))
+    return vec
+
+
+def allocatable(nodes: NodeIndex, resources: Sequence[str]) -> Matrix:
+    """Allocatable per node (rows) and resource (columns)."""
+    out: Matrix = np.zeros((len(nodes.nodes), len(resources)), dtype=np.int64)
+    for col, name in enumerate(resources):
+        amounts = nodes.allocatable.get(name)
+        if amounts is not None:
+            out[:, col] = amounts
+    return out
+
+
+def usage(nodes: NodeIndex, resources: Sequence[str], pods: Iterable[PodRecord]) -> tuple[Matrix, Mask]:
+    """Requests of bound, unfinished pods summed per node, and the nodes with a terminating pod.
+
+    Pods on nodes not in the index hold nothing the scheduler can give out, so they are skipped.
+    """
+    index, n = nodes.index, len(nodes.nodes)
+    columns = {r: i for i, r in enumerate(resources)}
+    placed = [(index.get(p.node_name, -1), p) for p in pods if p.node_name and not p.finished]
+    placed = [(i, p) for i, p in placed if i >= 0]
+    rows = np.fromiter((i for i, _ in placed), dtype=np.intp, count=len(placed))
+    terminating = np.zeros(n, dtype=np.bool_)
+    terminating[[i for i, p in placed if p.terminating]] = True
+    # Pods come in a few sizes: count pods per (node, size) and multiply by each size's vector,
+    # so the per-pod Python work is one tuple and one dict lookup.
+    sizes: dict[tuple[tuple[str, int], ...], int] = {}
+    kinds = np.fromiter((sizes.setdefault(tuple(p.requests.items()), len(sizes)) for _, p in placed),
+                        dtype=np.intp, count=len(placed))
+    vectors = np.zeros((max(1, len(sizes)), len(resources)), dtype=np.int64)
+    for size, k in sizes.items():
+        vectors[k] = request_vector(columns, dict(size))
+    per_node = np.bincount(rows * len(vectors) + kinds, minlength=n * len(vectors))
+    used: Matrix = per_node.reshape(n, len(vectors)).astype(np.int64) @ vectors
+    return used, terminating
+
+
 class ClusterState:
     """Free resources and node masks, built from one snapshot; placements change ``free`` only.
 
@@ -35,6 +79,22 @@ class ClusterState:
                  reservations: Sequence[Reservation] = (), *, nodes: NodeIndex | None = None) -> None:
         if nodes is None or not nodes.same(snapshot.nodes, config):
             nodes = NodeIndex(snapshot.nodes, config)
+        names = set(nodes.allocatable) | {PODS}
+        names.update(*(p.requests for p in snapshot.pods))
+        resources = tuple(sorted(names))
+        used, terminating = usage(nodes, resources, snapshot.pods)
+        self._setup(nodes, config, resources, used, terminating, reservations)
+
+    @classmethod
+    def of(cls, nodes: NodeIndex, config: SchedulerConfig, resources: tuple[str, ...], used: Matrix,
+           terminating: Mask, reservations: Sequence[Reservation] = ()) -> ClusterState:
+        """A state from usage kept elsewhere (the scheduler's cache); the arrays are copied."""
+        state = cls.__new__(cls)
+        state._setup(nodes, config, resources, used.copy(), terminating.copy(), reservations)
+        return state
+
+    def _setup(self, nodes: NodeIndex, config: SchedulerConfig, resources: tuple[str, ...], used: Matrix,
+               terminating: Mask, reservations: Sequence[Reservation]) -> None:
         self.node_index = nodes
         """Node-only indexes; pass it to the next cycle's state to reuse it."""
         self.config = config
@@ -45,33 +105,13 @@ class ClusterState:
         """Node name to position."""
         self.topo = nodes.topo
         """The network tree."""
-        names = set(nodes.allocatable) | {PODS}
-        names.update(*(p.requests for p in snapshot.pods))
-        self.resources: tuple[str, ...] = tuple(sorted(names))
-        """Resource names, one per column."""
+        self.resources: tuple[str, ...] = resources
+        """Resource names, one per column, sorted."""
         self.columns: dict[str, int] = {r: i for i, r in enumerate(self.resources)}
         """Resource name to column."""
-        n, r = len(self.nodes), len(self.resources)
-        self.allocatable: Matrix = np.zeros((n, r), dtype=np.int64)
+        n = len(self.nodes)
+        self.allocatable: Matrix = allocatable(nodes, resources)
         """Allocatable per node and resource."""
-        for name, amounts in nodes.allocatable.items():
-            self.allocatable[:, self.columns[name]] = amounts
-        index = self.index
-        placed = [(index.get(p.node_name, -1), p) for p in snapshot.pods if p.node_name and not p.finished]
-        placed = [(i, p) for i, p in placed if i >= 0]
-        rows = np.fromiter((i for i, _ in placed), dtype=np.intp, count=len(placed))
-        terminating = np.zeros(n, dtype=np.bool_)
-        terminating[[i for i, p in placed if p.terminating]] = True
-        # Pods come in a few sizes: count pods per (node, size) and multiply by each size's vector,
-        # so the per-pod Python work is one tuple and one dict lookup.
-        sizes: dict[tuple[tuple[str, int], ...], int] = {}
-        kinds = np.fromiter((sizes.setdefault(tuple(p.requests.items()), len(sizes)) for _, p in placed),
-                            dtype=np.intp, count=len(placed))
-        vectors = np.zeros((max(1, len(sizes)), r), dtype=np.int64)
-        for size, k in sizes.items():
-            vectors[k] = self.vector(dict(size))
-        per_node = np.bincount(rows * len(vectors) + kinds, minlength=n * len(vectors))
-        used = per_node.reshape(n, len(vectors)).astype(np.int64) @ vectors
         self.free: Matrix = self.allocatable - used
         """Free resources per node; placements in this cycle subtract from it."""
         self.unschedulable: Mask = nodes.unschedulable
@@ -100,11 +140,7 @@ class ClusterState:
 
     def vector(self, requests: Mapping[str, int]) -> Vector:
         """A pod's requests as a column vector; every pod takes one pod slot."""
-        vec = np.zeros(len(self.resources), dtype=np.int64)
-        for name, amount in requests.items():
-            vec[self.columns[name]] = amount
-        vec[self.columns[PODS]] = max(1, int(vec[self.columns[PODS]]))
-        return vec
+        return request_vector(self.columns, requests)
 
     def static_mask(self, pod: PodRecord) -> Mask:
         """Nodes whose taints, labels and name the pod accepts (cached across cycles)."""

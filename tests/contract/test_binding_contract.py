@@ -1,4 +1,5 @@
-"""Binding contract of the PodScheduling port: SimPods always, KubePodScheduling on KMEND_TEST_KUBECONFIG."""
+"""Binding contract of the PodScheduling port: SimPods and KubePodScheduling through the real client on a
+loopback fake API server always, KubePodScheduling on KMEND_TEST_KUBECONFIG's cluster when set."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from healer.cluster import NotFoundError
 from healer.gang.port import ConflictError, ObjectRef, PodScheduling
 from healer.gang.records import NodeRecord, PodRecord
 from sim.pods import SimPods
+from tests.fake_apiserver import FakeApiServer
 
 SCHEDULER = "kmend-contract"
 Make = Callable[[str], PodRecord]
@@ -57,13 +59,33 @@ def _kube(path: str) -> Iterator[tuple[PodScheduling, Make, str]]:
         core.delete_node(node)
 
 
-PORTS = ["sim", "kube"]
+def _kube_fake() -> Iterator[tuple[PodScheduling, Make, str]]:
+    from kubernetes import client
+
+    from healer.kube_pods import KubePodScheduling, pod_record
+
+    with FakeApiServer() as api:
+        api.add_node("node-a")
+        api.install_crd("scheduling.x-k8s.io", "v1alpha1")
+
+        def make(name: str) -> PodRecord:
+            return pod_record(api.add_pod("contract", name, scheduler=SCHEDULER, requests={"cpu": "100m"}))
+
+        # A page size of 2 makes every list in the contract span several pages.
+        yield (KubePodScheduling(client.ApiClient(client.Configuration(host=api.url)), clock=time.time,
+                                 page_size=2), make, "node-a")
+
+
+PORTS = ["sim", "kube-fake", "kube"]
 
 
 @pytest.fixture(params=PORTS)
 def port(request: pytest.FixtureRequest) -> Iterator[tuple[PodScheduling, Make, str]]:
     if request.param == "sim":
         yield from _sim()
+        return
+    if request.param == "kube-fake":
+        yield from _kube_fake()
         return
     path = os.environ.get("KMEND_TEST_KUBECONFIG")
     if not path:
@@ -133,3 +155,31 @@ def test_events_are_accepted(port: tuple[PodScheduling, Make, str]) -> None:
     pod = make("event-target")
     ref = ObjectRef("Pod", pod.namespace, pod.name, pod.uid)
     p.emit_event(ref, "FailedScheduling", "needs 1 pod", "Warning")
+
+
+def test_pending_lists_only_unbound_pods_of_the_scheduler(port: tuple[PodScheduling, Make, str]) -> None:
+    p, make, node = port
+    pods = [make(f"page-{i}") for i in range(5)]
+    p.bind(pods[0], node)
+    assert sorted(x.name for x in p.list_pending(SCHEDULER) if x.name.startswith("page-")) == [
+        f"page-{i}" for i in range(1, 5)]
+    assert sum(1 for x in p.snapshot().pods if x.name.startswith("page-")) == 5
+
+
+def test_changes_replayed_give_the_snapshot(port: tuple[PodScheduling, Make, str]) -> None:
+    p, make, node = port
+    first = make("chg-a")
+    seen = p.changes("")
+    assert seen.full
+    held = {(x.namespace, x.name): x for x in seen.pods}
+    second = make("chg-b")
+    p.bind(first, node)
+    p.delete_pod(second)
+    later = p.changes(seen.cursor)
+    if later.full:
+        held = {}
+    for key in later.gone:
+        held.pop(key, None)
+    held.update({(x.namespace, x.name): x for x in later.pods})
+    assert held == {(x.namespace, x.name): x for x in p.snapshot().pods}
+    assert held[(first.namespace, first.name)].node_name == node
