@@ -22,17 +22,21 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
         if not kmend.ready:
             kmend.start()
         stop = threading.Event()
-        worker = None
+        workers = []
         if run_healer:
-            worker = threading.Thread(target=kmend.run_healer, args=(stop,), name="kmend-healer", daemon=True)
-            worker.start()
+            workers.append(threading.Thread(target=kmend.run_healer, args=(stop,), name="kmend-healer", daemon=True))
+            if kmend.scheduler is not None:
+                workers.append(threading.Thread(target=kmend.scheduler.run, args=(stop, settings.scheduler_interval_s),
+                                                name="kmend-scheduler", daemon=True))
+        for w in workers:
+            w.start()
         try:
             yield
         finally:
             stop.set()
             kmend.wake()
-            if worker:
-                worker.join(timeout=10)
+            for w in workers:
+                w.join(timeout=10)
 
     app = FastAPI(title="kmend", version="0.1.0", lifespan=lifespan)
     app.state.kmend = kmend

@@ -16,6 +16,7 @@ from analyzer.records import Finding, Incident, IncidentState
 from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.cluster import Cluster
+from healer.gang.scheduler import GangScheduler
 from healer.keys import FAULT_TAINT_KEY
 from healer.lease import AlwaysLeader
 from healer.notify import Notifier
@@ -65,6 +66,7 @@ class Kmend:
         health_check_template: str = "",
         namespace: str = "kmend-system",
         sleep: Callable[[float], None] | None = None,
+        scheduler: GangScheduler | None = None,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -75,8 +77,10 @@ class Kmend:
         self.clock = clock
         self.window_s = correlation_window_s
         self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s))
+        self.scheduler = scheduler
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
-                          namespace, health_check_template)
+                          namespace, health_check_template,
+                          reservations=scheduler.reservations if scheduler else None)
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
                                symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
         self._lock = threading.RLock()

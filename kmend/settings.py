@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     health_check_template: Path | None = Field(None, description="validation Job template (deploy/healthcheck/)")
     namespace: str = Field("kmend-system", description="namespace of kmend's own objects (health checks, Lease)")
     lease_name: str = "kmend-healer"
+    scheduler: bool | None = Field(None, description="run the gang scheduler (default: on a real cluster only)")
+    scheduler_name: str = Field("kmend", description="pods with this spec.schedulerName are placed by kmend")
+    scheduler_interval_s: float = 1.0
     lease_duration_s: int = 15
     identity: str | None = Field(None, description="this replica's Lease holder identity (default: host name)")
     sim_spares: int = Field(2, description="nodes of the simulated cluster that form the spare pool")

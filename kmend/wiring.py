@@ -11,6 +11,10 @@ from pathlib import Path
 
 from analyzer.rules import load_rules
 from healer.cluster import Cluster
+from healer.gang.config import SchedulerConfig
+from healer.gang.metrics import SchedulerMetrics
+from healer.gang.port import PodScheduling
+from healer.gang.scheduler import GangScheduler
 from healer.lease import AlwaysLeader, LeaderElector, Leases
 from healer.notify import AlertmanagerNotifier, FanOut, LogNotifier, Notifier, WebhookNotifier
 from healer.policy import PolicyConfig
@@ -94,9 +98,32 @@ def make_leader(settings: Settings, leases: Leases | None) -> Leader:
                          clock=time.time)
 
 
+def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics: Metrics,
+                   port: PodScheduling | None) -> GangScheduler | None:
+    """The gang scheduler, acting only while this replica holds the Lease.
+
+    On by default on a real cluster; the simulated default has no pods of its own to place
+    unless a port is handed in.
+    """
+    enabled = settings.scheduler if settings.scheduler is not None else (port is not None or
+                                                                         not isinstance(cluster, SimCluster))
+    if not enabled:
+        return None
+    if port is None:
+        from healer.kube import KubeCluster
+        from healer.kube_pods import KubePodScheduling
+
+        if not isinstance(cluster, KubeCluster):
+            raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")
+        port = KubePodScheduling(cluster.api, clock=time.time)
+    return GangScheduler(port=port, is_leader=leader.is_leader, clock=time.time,
+                         config=SchedulerConfig(scheduler_name=settings.scheduler_name),
+                         metrics=SchedulerMetrics(metrics.registry))
+
+
 def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads: Workloads | None = None,
                notifier: Notifier | None = None, metrics: Metrics | None = None,
-               leader: Leader | None = None) -> Kmend:
+               leader: Leader | None = None, pod_scheduling: PodScheduling | None = None) -> Kmend:
     """The service core for these settings (rules and the policy are validated here: a bad one stops start-up)."""
     rules = load_rules(settings.rules_dirs)
     policy = load_policy(settings.policy_file)
@@ -115,10 +142,12 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     if not template:
         log.warning("no health-check template at %s: validation steps will fail", template_path)
     store = Store(settings.database_url)
+    leader = leader or make_leader(settings, leases)
+    metrics = metrics or Metrics()
     kmend = Kmend(
         store, cluster, rules, notifier or make_notifier(settings),
-        workloads=workloads, policy=policy, leader=leader or make_leader(settings, leases),
-        metrics=metrics or Metrics(),
+        workloads=workloads, policy=policy, leader=leader, metrics=metrics,
+        scheduler=make_scheduler(settings, cluster, leader, metrics, pod_scheduling),
         healer=HealerConfig(PolicyConfig(dry_run=settings.dry_run, require_approval=settings.require_approval),
                             symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s),
         correlation_window_s=settings.correlation_window_s, health_check_template=template,

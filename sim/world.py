@@ -75,7 +75,9 @@ class SimWorld:
             gpus = self.cluster.gpus(node)
             self.workloads.add_pod(job.namespace, f"{job.name}-worker-{i}", node=node, gpus=gpus, owner=owner,
                                    annotations=ann, labels={"training.kubeflow.org/job-name": job.name,
-                                                            "training.kubeflow.org/replica-index": str(i)})
+                                                            "training.kubeflow.org/replica-index": str(i),
+                                                            # as the training operator sets it with gang scheduling
+                                                            "scheduling.x-k8s.io/pod-group": job.name})
 
     def applied(self, op: str | None = None) -> list[tuple[str, str]]:
         """(op, target) of every applied change, optionally of one operation."""

@@ -11,6 +11,7 @@ from analyzer.records import Incident
 from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.executor import PlanExecutor
+from healer.gang.reservations import ReservationBook
 from healer.notify import LogNotifier
 from healer.policy import PlanContext, PolicyConfig, choose_plan
 from healer.policy_file import PolicyFile, default_policy_path, parse_policy
@@ -56,7 +57,8 @@ class Harness:
     """World + store + executor, wired like the service."""
 
     def __init__(self, tmp: Path, *, nodes: int = 16, spares: int = 2, job_nodes: int = 0,
-                 checkpoint_path: str = "", policy: PolicyFile | None = None) -> None:
+                 checkpoint_path: str = "", policy: PolicyFile | None = None,
+                 reservations: ReservationBook | None = None) -> None:
         self.clock = Clock()
         job = JobSpec("llama", job_nodes, checkpoint_path=checkpoint_path) if job_nodes else None
         self.world = SimWorld(nodes=nodes, spares=spares, job=job, clock=self.clock)
@@ -67,7 +69,7 @@ class Harness:
         self.policy = policy or fast_policy()
         self.ctx = StepContext(self.cluster, self.workloads, self.notifier, self.policy, self.store.ledger,
                                self.store.ledger, self.clock, "kmend-system",
-                               default_health_check_template().read_text())
+                               default_health_check_template().read_text(), reservations=reservations)
         self.sleeps: list[float] = []
         self.guard = Guard(self.store.ledger, self.policy.safety, self.cluster.list_nodes, self.clock)
         self.executor = PlanExecutor(self.ctx, self.store, guard=self.guard, sleep=self.sleeps.append)

@@ -117,3 +117,18 @@ def test_resumed_plan_runs_only_unfinished_steps_and_applies_each_once(shipped_r
     again = h.executor.execute(crashed_at(done, 4))
     assert len([e for e in h.cluster.events if e.reason == "KmendQuarantine"]) == 1
     assert again.steps[4].state is StepState.SUCCEEDED
+
+
+def test_restart_holds_the_gangs_healthy_nodes_for_the_scheduler(shipped_rules: list[Rule], tmp_path: Path) -> None:
+    from healer.gang.reservations import ReservationBook
+
+    book = ReservationBook()
+    h = Harness(tmp_path, nodes=16, spares=2, job_nodes=4, reservations=book)
+    bad = "gpu-node-02"
+    h.run(h.plan(incident(shipped_rules, [container(bad, "iteration 1", job="llama"), kernel(bad, XID79)])))
+    held = book.get("training/llama")
+    assert held is not None
+    assert held.failed == frozenset({bad})
+    # The healthy nodes of the old run (and wherever the controller already put the evicted rank).
+    assert {"gpu-node-00", "gpu-node-01", "gpu-node-03"} <= held.nodes and bad not in held.nodes
+    assert held.until > h.clock()

@@ -104,6 +104,8 @@ class GangScheduler:
                 self.run_once()
             except ClusterError as exc:
                 log.warning("gang scheduling cycle failed: %s", exc)
+            except Exception:  # a bug in one cycle must not stop scheduling for good
+                log.exception("gang scheduling cycle crashed")
             stop.wait(period_s)
 
     def run_once(self) -> CycleReport:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from healer.cluster import Cluster
+from healer.gang.reservations import ReservationBook
 from healer.notify import Notifier
 from healer.policy_file import PolicyFile
 from healer.records import ActionStep, Plan, StepState
@@ -77,6 +78,8 @@ class StepContext:
     """Namespace of kmend's own objects (health-check Jobs, events)."""
     health_check_template: str = ""
     """YAML of the validation Job template ('' when none is configured)."""
+    reservations: ReservationBook | None = None
+    """Capacity holds read by the gang scheduler (None when it does not run)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+from healer.gang.records import POD_GROUP_LABEL, VOLCANO_GROUP_ANNOTATION
 from healer.jobs import RestartMethod, child_jobs, owner_of, pods_of_job, recreatable
 from healer.keys import FAULT_TAINT_KEY, RESUME_FROM
 from healer.policy_file import Escalation
@@ -90,6 +91,7 @@ def _begin(step: ActionStep, plan: Plan, ctx: StepContext, job: str, pods: Seque
         "old_uids": ",".join(sorted(x.uid for x in live)), "ranks": str(len(pods_of_job(pods, job))),
         "resume_from": plan.outputs().get("resume_from", ""),
     }
+    _hold_capacity(ctx, step, live, now)
     if owner.method is RestartMethod.RECREATE_PODS:
         manifests = []
         for x in live:
@@ -117,6 +119,20 @@ def _kick(method: RestartMethod, out: dict[str, str], old_live: Sequence[PodInfo
             "action": "RestartJob", "reason": f"kmend {step.id}",
             "target": {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": kind, "name": name},
         })
+
+
+def _hold_capacity(ctx: StepContext, step: ActionStep, live: Sequence[PodInfo], now: float) -> None:
+    """Keep the gang's healthy nodes for it while it restarts, so a smaller job cannot take them."""
+    if ctx.reservations is None or not live:
+        return
+    first = live[0]
+    group = first.labels.get(POD_GROUP_LABEL) or first.annotations.get(VOLCANO_GROUP_ANNOTATION)
+    if not group:
+        return
+    nodes = {x.node for x in live if x.node}
+    failed = (nodes & _unhealthy_nodes(ctx)) | ({step.node} if step.node else set())
+    ctx.reservations.hold(f"{first.namespace}/{group}", nodes, failed=failed,
+                          until=now + float(step.params.get("timeout_s", "900")))
 
 
 def _unhealthy_nodes(ctx: StepContext) -> set[str]:
