@@ -6,6 +6,9 @@ import logging
 import os
 from pathlib import Path
 
+from analyzer.detectors.hang import HangConfig
+from analyzer.detectors.straggler import StragglerConfig
+from analyzer.progress_rules import load_progress_rules
 from analyzer.rules import load_rules
 from healer.cluster import Cluster
 from healer.notify import LogNotifier, Notifier, WebhookNotifier
@@ -53,6 +56,11 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, notifier: 
         notifier or make_notifier(settings),
         metrics=metrics or Metrics(),
         healer=HealerConfig(PolicyConfig(dry_run=settings.dry_run, require_approval=settings.require_approval),
-                            symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s),
+                            symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s,
+                            detector_interval_s=settings.detector_interval_s),
         correlation_window_s=settings.correlation_window_s,
+        progress_rules=load_progress_rules(settings.progress_rules_dirs),
+        hang=HangConfig(k=settings.hang_k, floor_s=settings.hang_floor_s),
+        straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
+                                  persistence=settings.straggler_persistence),
     )

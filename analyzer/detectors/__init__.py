@@ -1,0 +1,9 @@
+"""Stateful detectors: hang, straggler and PyTorch Flight Recorder analysis (pure)."""
+
+from analyzer.records import FaultClass
+
+HARDWARE_CAUSES = frozenset({
+    FaultClass.GPU_LOST, FaultClass.GPU_MEMORY, FaultClass.GPU_HARDWARE, FaultClass.GPU_THERMAL_POWER,
+    FaultClass.NVLINK, FaultClass.PCIE, FaultClass.NETWORK, FaultClass.NODE, FaultClass.STORAGE,
+})
+"""Faults that explain a hang: when one is found on a node of the job nearby, the hang is its symptom."""

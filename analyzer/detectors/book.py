@@ -1,0 +1,165 @@
+"""The detectors' shared view of running jobs: per-rank progress and per-node GPU/NIC metrics.
+
+Pure state fed with records; the detectors read it at ``evaluate(now)``. Memory is
+bounded: a fixed window of samples per rank, the latest value per GPU metric.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from analyzer.progress import ProgressEvent
+from analyzer.progress_rules import ProgressKind
+from collector.signal import MetricSample, Signal
+
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+"""Phases that are this rank's own work (a slow GPU makes them slow)."""
+WAIT_PHASES = ("comm_wait", "communication", "comm", "data_wait")
+"""Phases spent waiting for others; on a healthy rank they absorb a straggler's delay."""
+
+METRIC_FEATURES: Mapping[str, str] = {
+    "DCGM_FI_DEV_GPU_UTIL": "util",
+    "nvml_utilization_gpu_percent": "util",
+    "DCGM_FI_DEV_SM_CLOCK": "sm_clock",
+    "nvml_clocks_sm_mhz": "sm_clock",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "throttle",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "throttle",
+    "nvml_clocks_throttle_reasons": "throttle",
+    "DCGM_FI_DEV_GPU_TEMP": "temp",
+    "nvml_temperature_celsius": "temp",
+    "ib_port_xmit_data_delta": "nic_tx",
+}
+"""Metric names (DCGM exporter, the agent's NVML and InfiniBand sources) to detector features."""
+
+
+@dataclass(slots=True)
+class RankState:
+    """What is known about one rank."""
+
+    node: str
+    """Node it runs on (latest seen)."""
+    last_step: int = -1
+    """Highest step reported."""
+    last_ts: float = 0.0
+    """When the step last advanced."""
+    signal_id: str = ""
+    """Evidence: the signal of the last advance."""
+    times: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    """Per-step own-work seconds (compute phases, else step time), newest last."""
+    basis: str = "step_time"
+    """What `times` measures: ``compute`` (from phases) or ``step_time``."""
+
+
+@dataclass(slots=True)
+class JobState:
+    """What is known about one job."""
+
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    """Ranks by global rank (-1: a job that logs from one process without a rank)."""
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    """Recent wall seconds between a rank's consecutive progress reports."""
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    """Recent per-step seconds as reported (or derived)."""
+    max_step: int = -1
+    """Highest step any rank reported."""
+    paused_at: float | None = None
+    """Start of a planned pause (checkpoint, evaluation) still in progress."""
+    resume_ts: float = 0.0
+    """End of the last planned pause."""
+    total: int | None = None
+    """Total steps of the run, when printed."""
+    advances: int = 0
+    """Progress reports that advanced a rank (how much history there is)."""
+
+    @property
+    def finished(self) -> bool:
+        """The run reached its last step: silence now is the end, not a hang."""
+        return self.total is not None and self.max_step >= self.total
+
+
+class JobBook:
+    """Jobs, ranks and node metrics, updated from progress events and metric signals."""
+
+    def __init__(self, *, window: int = 64) -> None:
+        self.window = window
+        self.jobs: dict[str, JobState] = {}
+        self.gpu: dict[str, dict[str, dict[str, tuple[float, float]]]] = {}
+        """node -> gpu (or NIC port) -> feature -> (ts, value), latest only."""
+
+    def observe_progress(self, ev: ProgressEvent) -> None:
+        """Fold one progress event in (idempotent for repeated or older steps)."""
+        job = self.jobs.setdefault(ev.job, JobState())
+        if ev.kind is ProgressKind.PAUSE:
+            job.paused_at = ev.ts if job.paused_at is None else job.paused_at
+            return
+        if ev.kind is ProgressKind.RESUME:
+            job.paused_at = None
+            job.resume_ts = max(job.resume_ts, ev.ts)
+            return
+        if ev.step is None:
+            return
+        rank = job.ranks.get(ev.rank)
+        if rank is None:
+            rank = job.ranks[ev.rank] = RankState(node=ev.node, times=deque(maxlen=self.window))
+        rank.node = ev.node
+        if ev.total is not None:
+            job.total = ev.total
+        if ev.step <= rank.last_step:
+            return
+        if rank.last_step >= 0 and ev.ts >= rank.last_ts:
+            gap = ev.ts - rank.last_ts
+            steps = ev.step - rank.last_step
+            job.intervals.append(gap)
+            derived = gap / steps
+        else:
+            derived = None
+        own, basis = _own_time(ev, derived)
+        if own is not None:
+            rank.times.append(own)
+            rank.basis = basis
+        step_time = ev.step_time if ev.step_time is not None else derived
+        if step_time is not None:
+            job.step_times.append(step_time)
+        rank.last_step = ev.step
+        rank.last_ts = max(rank.last_ts, ev.ts)
+        rank.signal_id = ev.signal_id
+        job.max_step = max(job.max_step, ev.step)
+        job.advances += 1
+        job.paused_at = None  # a step after a pause marker means the pause is over
+
+    def observe_metric(self, sig: Signal) -> None:
+        """Keep the latest value of the GPU/NIC metrics the detectors use."""
+        p = sig.payload
+        if not isinstance(p, MetricSample):
+            return
+        feature = METRIC_FEATURES.get(p.name)
+        if feature is None:
+            return
+        dev = p.labels.get("gpu") or p.labels.get("device", "") + "/" + p.labels.get("port", "")
+        self.gpu.setdefault(sig.node, {}).setdefault(dev, {})[feature] = (sig.ts, p.value)
+
+    def nodes_of(self, job: str) -> set[str]:
+        """Nodes the job's ranks run on."""
+        state = self.jobs.get(job)
+        return {r.node for r in state.ranks.values()} if state else set()
+
+    def forget(self, job: str) -> None:
+        """Drop a job (it was deleted or restarted under the same name)."""
+        self.jobs.pop(job, None)
+
+
+def _own_time(ev: ProgressEvent, derived: float | None) -> tuple[float | None, str]:
+    ph = ev.phases
+    if ph:
+        if "compute" in ph:
+            return ph["compute"], "compute"
+        own = [ph[k] for k in COMPUTE_PHASES if k in ph]
+        if own:
+            return sum(own), "compute"
+        wait = sum(ph[k] for k in WAIT_PHASES if k in ph)
+        total = ev.step_time if ev.step_time is not None else derived
+        if total is not None and wait:
+            return max(total - wait, 0.0), "compute"
+    return (ev.step_time if ev.step_time is not None else derived), "step_time"
