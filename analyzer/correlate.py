@@ -276,6 +276,9 @@ class Correlator:
             rc = replace(rc, job=next(iter(jobs)))
         if d.symptom_only:
             rc = self._symptom_root(d)
+        elif not root.hardware and len({f.where.node for f in causes}) > 1:
+            # The same application fault on many nodes is the job's, not any one node's.
+            rc = Location(job=rc.job)
         return Incident(
             id=d.id, fault_class=root.fault_class, severity=severity, hardware=root.hardware,
             recommended_action=action, root_cause=rc, opened_at=d.first_ts, updated_at=d.last_ts,

@@ -66,6 +66,8 @@ class JobState:
     """Highest step any rank reported."""
     paused_at: float | None = None
     """Start of a planned pause (checkpoint, evaluation) still in progress."""
+    paused_step: int = -1
+    """Step the pause came after; a later step ends it (reports of earlier steps may arrive after the marker)."""
     resume_ts: float = 0.0
     """End of the last planned pause."""
     total: int | None = None
@@ -92,7 +94,9 @@ class JobBook:
         """Fold one progress event in (idempotent for repeated or older steps)."""
         job = self.jobs.setdefault(ev.job, JobState())
         if ev.kind is ProgressKind.PAUSE:
-            job.paused_at = ev.ts if job.paused_at is None else job.paused_at
+            if job.paused_at is None:
+                job.paused_at = ev.ts
+                job.paused_step = ev.step if ev.step is not None else job.max_step
             return
         if ev.kind is ProgressKind.RESUME:
             job.paused_at = None
@@ -127,7 +131,8 @@ class JobBook:
         rank.signal_id = ev.signal_id
         job.max_step = max(job.max_step, ev.step)
         job.advances += 1
-        job.paused_at = None  # a step after a pause marker means the pause is over
+        if ev.step > job.paused_step:
+            job.paused_at = None  # a step after the one the pause followed: the pause is over
 
     def observe_metric(self, sig: Signal) -> None:
         """Keep the latest value of the GPU/NIC metrics the detectors use."""

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from analyzer.detectors import HARDWARE_CAUSES
+from analyzer.detectors import HANG_CAUSES
 from analyzer.records import Action, FaultClass, Finding, Location, Severity
 
 DETECTOR_ID = "flight-recorder"
@@ -209,5 +209,5 @@ class FlightRecorderDetector:
             hardware=False, where=Location(node=node, rank=culprits[0] if culprits else None, job=job),
             rule_id=DETECTOR_ID, recommended_action=Action.RESTART_JOB,
             evidence=tuple(d.source for d in dumps.values() if d.source), message=msg,
-            symptom_of=HARDWARE_CAUSES, fields=fields,
+            symptom_of=HANG_CAUSES, fields=fields,
         )

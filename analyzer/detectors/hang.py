@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from analyzer.detectors import HARDWARE_CAUSES
+from analyzer.detectors import HANG_CAUSES
 from analyzer.detectors.book import JobBook, JobState, RankState
 from analyzer.records import Action, FaultClass, Finding, Location, Severity
 
@@ -134,7 +134,7 @@ class HangDetector:
         return Finding(
             id=f"{DETECTOR_ID}:{name}:{newest:.3f}", ts=now, fault_class=FaultClass.HANG, severity=Severity.ERROR,
             hardware=False, where=where, rule_id=DETECTOR_ID, recommended_action=Action.RESTART_JOB,
-            evidence=evidence, message=msg, symptom_of=HARDWARE_CAUSES, fields=fields,
+            evidence=evidence, message=msg, symptom_of=HANG_CAUSES, fields=fields,
         )
 
     def _behind(self, job: JobState, last: dict[int, float], newest: float, interval: float) -> list[int]:

@@ -17,6 +17,7 @@ straggler finding a hardware one.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,7 +103,10 @@ class StragglerDetector:
         if len(ranks) < cfg.min_ranks:
             return []
         m = min(cfg.window, min(len(job.ranks[r].times) for r in ranks))
-        med = np.median(np.array([list(job.ranks[r].times)[-m:] for r in ranks]), axis=1)
+        if len(ranks) < 64:  # numpy's per-call overhead dominates for a few short rows
+            med = np.array([statistics.median(list(job.ranks[r].times)[-m:]) for r in ranks])
+        else:
+            med = np.median(np.array([list(job.ranks[r].times)[-m:] for r in ranks]), axis=1)
         scorer = RobustScorer().fit(med)
         z, slow = scorer.score(med), scorer.ratio(med)
         out = []
