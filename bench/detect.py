@@ -36,6 +36,7 @@ from analyzer.pipeline import Analyzer  # noqa: E402
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules  # noqa: E402
 from analyzer.records import FaultClass, Finding, Incident  # noqa: E402
 from analyzer.rules import default_rules_dir, load_rules  # noqa: E402
+from collector.signal import Source  # noqa: E402
 from sim.traces import Batch, Straggle, TraceJob  # noqa: E402
 
 RULES = load_rules([default_rules_dir()])
@@ -72,9 +73,10 @@ def bench_hang(trials: int, rng: random.Random) -> dict[str, Any]:
         behind = i % 2 == 0
         job = TraceJob(f"hang{i}", world=64, step_s=step, gpu_metrics=not behind, seed=i)
         batches = job.run(30)
-        stall_start = job.ts
         culprit = rng.randrange(job.world)
         batches += job.hang_rank(culprit, behind=behind, duration_s=max(20 * step, 120))
+        # The delay counts from the job's last progress report (with a rank behind, the others' last step).
+        stall_start = max(s.ts for _, sigs in batches for s in sigs if s.source is Source.PROGRESS)
         an = analyzer()
         found = replay(an, batches, until=stall_start + max(20 * step, 120))
         hang = [f for f in found if f.fault_class is FaultClass.HANG]

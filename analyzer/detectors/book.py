@@ -72,8 +72,8 @@ class JobState:
     """End of the last planned pause."""
     total: int | None = None
     """Total steps of the run, when printed."""
-    advances: int = 0
-    """Progress reports that advanced a rank (how much history there is)."""
+    steps_seen: int = 0
+    """Distinct job steps observed (how much history there is)."""
 
     @property
     def finished(self) -> bool:
@@ -129,8 +129,9 @@ class JobBook:
         rank.last_step = ev.step
         rank.last_ts = max(rank.last_ts, ev.ts)
         rank.signal_id = ev.signal_id
-        job.max_step = max(job.max_step, ev.step)
-        job.advances += 1
+        if ev.step > job.max_step:
+            job.steps_seen += 1
+            job.max_step = ev.step
         if ev.step > job.paused_step:
             job.paused_at = None  # a step after the one the pause followed: the pause is over
 

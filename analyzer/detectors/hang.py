@@ -34,8 +34,8 @@ class HangConfig:
     """Stall threshold in units of the job's median report interval."""
     floor_s: float = 20.0
     """Never call a hang before this many seconds without progress (absorbs data-loader hiccups)."""
-    min_reports: int = 3
-    """Progress reports needed before judging a job (start-up, compilation and warm-up are slow)."""
+    min_steps: int = 3
+    """Job steps seen before judging it (start-up, compilation and warm-up are slow)."""
     behind_fraction: float = 0.5
     """A rank is behind when its last progress is this many median intervals older than the newest."""
     max_pause_s: float = 1800.0
@@ -58,7 +58,7 @@ class HangDetector:
 
     def threshold(self, job: JobState) -> float | None:
         """Seconds without progress that make a hang for this job; None while history is too short."""
-        if job.advances < self.config.min_reports or not job.intervals:
+        if job.steps_seen < self.config.min_steps or not job.intervals:
             return None
         return max(self.config.k * statistics.median(job.intervals), self.config.floor_s)
 

@@ -54,8 +54,8 @@ class StragglerConfig:
     """Slowdown from which a hardware-explained straggler is worth replacing the node."""
     node_min: int = 8
     """Nodes with metrics needed for the node model."""
-    node_persistence: int = 3
-    """Consecutive node evaluations a node must stay flagged."""
+    node_every_steps: int = 5
+    """The node model runs every this many job steps (node metrics move slower than steps)."""
     clock_drop: float = 0.9
     """SM clock below this fraction of the peers' median is evidence of a slow node."""
     temp_z: float = 5.0
@@ -92,7 +92,8 @@ class StragglerDetector:
             self._last_step[name] = job.max_step
             evidence = self._node_evidence(name)
             out.extend(self._score_ranks(name, job, now, evidence))
-            out.extend(self._score_nodes(name, job, now, evidence))
+            if job.max_step % self.config.node_every_steps == 0:
+                out.extend(self._score_nodes(name, job, now, evidence))
         return out
 
     # -- ranks -----------------------------------------------------------------
