@@ -30,14 +30,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analyzer.correlate import Correlator  # noqa: E402
-from analyzer.detectors.suite import DetectorSuite  # noqa: E402
-from analyzer.pipeline import Analyzer  # noqa: E402
-from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules  # noqa: E402
-from analyzer.records import FaultClass, Finding, Incident  # noqa: E402
-from analyzer.rules import default_rules_dir, load_rules  # noqa: E402
-from collector.signal import Source  # noqa: E402
-from sim.traces import Batch, Straggle, TraceJob  # noqa: E402
+from analyzer.correlate import Correlator
+from analyzer.detectors.suite import DetectorSuite
+from analyzer.pipeline import Analyzer
+from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
+from analyzer.records import FaultClass, Finding, Incident
+from analyzer.rules import default_rules_dir, load_rules
+from collector.signal import Source
+from sim.traces import Batch, Straggle, TraceJob
 
 RULES = load_rules([default_rules_dir()])
 PROGRESS = load_progress_rules([default_progress_rules_dir()])

@@ -63,6 +63,7 @@ class Kmend:
         progress_rules: Sequence[ProgressRule] = (),
         hang: HangConfig | None = None,
         straggler: StragglerConfig | None = None,
+        flight_recorder_settle_s: float = 10.0,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -71,7 +72,8 @@ class Kmend:
         self.healer = healer or HealerConfig(PolicyConfig())
         self.clock = clock
         self.window_s = correlation_window_s
-        self.detectors = DetectorSuite(progress_rules, hang=hang, straggler=straggler)
+        self.detectors = DetectorSuite(progress_rules, hang=hang, straggler=straggler,
+                                       flight_recorder_settle_s=flight_recorder_settle_s)
         self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s),
                                  detectors=self.detectors)
         self._watermark = (0.0, 0.0)

@@ -39,5 +39,6 @@ class Settings(BaseSettings):
     hang_floor_s: float = Field(20.0, description="... and at least this many seconds")
     straggler_min_slowdown: float = Field(1.05, description="slowdown factor a straggler must reach")
     straggler_persistence: int = Field(3, description="consecutive steps a straggler must stay slow")
+    flight_recorder_settle_s: float = Field(10.0, description="judge a job's dumps once none arrived for this long")
     notify_webhook_url: str | None = None
     max_batch_bytes: int = 32 * 1024 * 1024

@@ -63,4 +63,5 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, notifier: 
         hang=HangConfig(k=settings.hang_k, floor_s=settings.hang_floor_s),
         straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
                                   persistence=settings.straggler_persistence),
+        flight_recorder_settle_s=settings.flight_recorder_settle_s,
     )

@@ -50,6 +50,8 @@ class RankState:
     """Per-step own-work seconds (compute phases, else step time), newest last."""
     basis: str = "step_time"
     """What `times` measures: ``compute`` (from phases) or ``step_time``."""
+    phased: bool = False
+    """Whether the last step's sample came with phases (the hook's, preferred over a log line's)."""
 
 
 @dataclass(slots=True)
@@ -111,6 +113,7 @@ class JobBook:
         if ev.total is not None:
             job.total = ev.total
         if ev.step <= rank.last_step:
+            self._refine(rank, ev)
             return
         if rank.last_step >= 0 and ev.ts >= rank.last_ts:
             gap = ev.ts - rank.last_ts
@@ -123,6 +126,7 @@ class JobBook:
         if own is not None:
             rank.times.append(own)
             rank.basis = basis
+        rank.phased = bool(ev.phases)
         step_time = ev.step_time if ev.step_time is not None else derived
         if step_time is not None:
             job.step_times.append(step_time)
@@ -134,6 +138,19 @@ class JobBook:
             job.max_step = ev.step
         if ev.step > job.paused_step:
             job.paused_at = None  # a step after the one the pause followed: the pause is over
+
+    @staticmethod
+    def _refine(rank: RankState, ev: ProgressEvent) -> None:
+        # The same step from the hook after the log line: its phases measure this rank's own work better.
+        if ev.step == rank.last_step and ev.phases and not rank.phased:
+            own, basis = _own_time(ev, None)
+            if own is not None and basis == "compute":
+                if rank.times:
+                    rank.times[-1] = own
+                else:
+                    rank.times.append(own)
+                rank.basis = basis
+                rank.phased = True
 
     def observe_metric(self, sig: Signal) -> None:
         """Keep the latest value of the GPU/NIC metrics the detectors use."""

@@ -11,7 +11,8 @@ when a collective times out. The pickle is a dict: ``version``, ``pg_config``
 ``state`` (``scheduled``/``started``/``completed``) and ``retired``.
 
 The lowest collective sequence id not completed on every rank is where the job
-stopped; the ranks whose last enqueued collective is below it never joined, and
+stopped (gloo also retires the collective that failed, so there it is the last one
+the dumping ranks enqueued); the ranks whose last enqueued collective is below it never joined, and
 they are the culprits. Dumps are untrusted input: they are read with an unpickler
 that builds only plain containers and refuses every class, so a crafted dump
 cannot run code.
@@ -139,9 +140,14 @@ def analyze(dumps: Iterable[RankDump]) -> list[Verdict]:
                 for r, es in by_rank.items()}
         enq = {r: max(int(e["collective_seq_id"]) for e in es) for r, es in by_rank.items()}
         pending = [int(e["collective_seq_id"]) for es in by_rank.values() for e in es if not _completed(e)]
-        if not pending:
-            continue
-        seq = min(pending)
+        if pending:
+            seq = min(pending)
+        else:
+            # Gloo retires a collective that failed too; the dumps were written because one did,
+            # so the last collective the dumping ranks enqueued is the one that failed.
+            seq = max(enq.values())
+            if all(v == seq for v in enq.values()) and members <= dumped:
+                continue
         # A rank whose last enqueued collective is below `seq` never reached it.
         missing = sorted(r for r in by_rank if enq[r] < seq and done[r] < seq)
         silent = sorted(members - dumped) if not missing else []
