@@ -65,29 +65,38 @@ class _Draft:
     state: IncidentState = IncidentState.OPEN
     timeline: list[TimelineEntry] = field(default_factory=list)
     merged_into: str | None = None
+    first_ts: float = float("inf")
+    last_ts: float = float("-inf")
+
+    def __post_init__(self) -> None:
+        for f in self.findings:
+            self.note_ts(f.ts)
+
+    def note_ts(self, ts: float) -> None:
+        self.first_ts = min(self.first_ts, ts)
+        self.last_ts = max(self.last_ts, ts)
 
     @property
     def symptom_only(self) -> bool:
         return self.root.is_symptom_class
 
-    @property
-    def first_ts(self) -> float:
-        return min(f.ts for f in self.findings)
-
-    @property
-    def last_ts(self) -> float:
-        return max(f.ts for f in self.findings)
-
 
 class Correlator:
     """Folds findings into incidents, incrementally and idempotently."""
 
-    def __init__(self, *, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(self, *, window_s: float = DEFAULT_WINDOW_S, max_incidents: int = 5000,
+                 bundle: bool = False) -> None:
         self.window_s = window_s
+        # A log bundle is cut around one failure of one job: there, a cause whose job is unknown may
+        # explain any symptom (and vice versa). A live cluster runs many jobs, so it needs a link.
+        self.bundle = bundle
+        self.max_incidents = max_incidents
+        self._latest_ts = 0.0
         self._drafts: dict[str, _Draft] = {}
         self._by_finding: dict[str, str] = {}
         self._job_nodes: dict[str, set[str]] = defaultdict(set)
         self._node_jobs: dict[str, set[str]] = defaultdict(set)
+        self._merges: list[tuple[str, str]] = []
 
     # -- placement (job <-> node), learned from signals and findings --------
 
@@ -104,9 +113,12 @@ class Correlator:
 
     def add(self, finding: Finding) -> Incident:
         """Fold one finding; returns the incident it now belongs to."""
+        return self._view(self._add(finding))
+
+    def _add(self, finding: Finding) -> _Draft:
         known = self._by_finding.get(finding.id)
         if known is not None:
-            return self._view(self._live(known))
+            return self._live(known)
         if finding.where.job and finding.where.node:
             self.observe_placement(finding.where.job, finding.where.node)
         finding = self._with_inferred_job(finding)
@@ -122,15 +134,27 @@ class Correlator:
                 draft = self._adopt_symptoms(finding) or self._open(finding)
             else:
                 self._attach(draft, finding)
-        return self._view(draft)
+        return draft
 
     def add_all(self, findings: Iterable[Finding]) -> list[Incident]:
-        """Fold many findings; returns each touched incident once, in first-touch order."""
-        touched: dict[str, Incident] = {}
+        """Fold many findings; returns each touched incident once (merged-away ones too), in first-touch order."""
+        touched: dict[str, _Draft] = {}
         for f in findings:
-            inc = self.add(f)
-            touched[inc.id] = inc
-        return [self._view(self._drafts[i]) for i in touched]
+            d = self._add(f)
+            touched[d.id] = d
+            self._latest_ts = max(self._latest_ts, f.ts)
+        for old, _new in self._merges:
+            touched.setdefault(old, self._drafts[old])
+        out = [self._view(d) for d in touched.values()]
+        if len(self._drafts) > self.max_incidents:
+            # Bounded memory: long-quiet incidents can no longer attract findings anyway.
+            self.prune(self._latest_ts - 3 * self.window_s)
+        return out
+
+    def take_merges(self) -> list[tuple[str, str]]:
+        """Incidents merged into another since the last call, as (merged id, surviving id)."""
+        merges, self._merges = self._merges, []
+        return merges
 
     def set_state(self, incident_id: str, state: IncidentState, ts: float, why: str) -> Incident:
         """Move an incident along its lifecycle (the service does this as healing goes)."""
@@ -143,6 +167,16 @@ class Correlator:
         """All incidents not merged into another, oldest first."""
         live = [d for d in self._drafts.values() if d.merged_into is None]
         return [self._view(d) for d in sorted(live, key=lambda d: d.first_ts)]
+
+    def prune(self, before_ts: float) -> int:
+        """Forget incidents last updated before `before_ts` (they live on in the store); returns how many."""
+        old = [d for d in self._drafts.values() if d.last_ts < before_ts]
+        for d in old:
+            del self._drafts[d.id]
+            for f in d.findings:
+                if self._by_finding.get(f.id) == d.id:
+                    del self._by_finding[f.id]
+        return len(old)
 
     def get(self, incident_id: str) -> Incident | None:
         """One incident by id (follows merges)."""
@@ -183,8 +217,9 @@ class Correlator:
         if job is not None:
             if cause.where.job == job:
                 return True
-            return cause.where.node is not None and cause.where.node in self._job_nodes.get(job, ())
-        return False
+            if cause.where.node is not None and cause.where.node in self._job_nodes.get(job, ()):
+                return True
+        return self.bundle and (job is None or cause.where.job is None)
 
     def _cause_for(self, symptom: Finding) -> _Draft | None:
         best: _Draft | None = None
@@ -238,13 +273,20 @@ class Correlator:
         keep = orphans[0]
         for other in orphans[1:]:
             keep.findings.extend(other.findings)
+            keep.note_ts(other.first_ts)
+            keep.note_ts(other.last_ts)
             for s in other.findings:
                 self._by_finding[s.id] = keep.id
             other.merged_into = keep.id
+            other.state = IncidentState.SUPPRESSED
+            other.timeline.append(TimelineEntry(cause.ts, f"merged into {keep.id}"))
+            self._merges.append((other.id, keep.id))
         keep.root = cause
         keep.findings.insert(0, cause)
+        keep.note_ts(cause.ts)
         self._by_finding[cause.id] = keep.id
-        keep.timeline.append(TimelineEntry(cause.ts, f"root cause found: {cause.rule_id} on {cause.where.node}"))
+        why = f"root cause found: {cause.rule_id} on {cause.where.node}"
+        keep.timeline.append(TimelineEntry(cause.ts, why))
         return keep
 
     def _open(self, f: Finding) -> _Draft:
@@ -256,6 +298,7 @@ class Correlator:
 
     def _attach(self, d: _Draft, f: Finding) -> None:
         d.findings.append(f)
+        d.note_ts(f.ts)
         self._by_finding[f.id] = d.id
         if d.symptom_only and narrowing(f) > narrowing(d.root):
             # A detector that names the culprit becomes the root of a job-wide failure.

@@ -5,11 +5,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
+from analyzer.engine import Backend, MultiMatcher
 from analyzer.records import Finding, Location
 from analyzer.rules import Rule
 from collector.signal import LogLine, Signal
 
-_PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.[0-7])?$")
+# torchrun prefixes every line of a rank with "[rank7]:"; the rank is known even when the rule does not ask.
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+_PCI = re.compile(
+    r"^(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.[0-7])?$"
+)
 
 
 def normalize_pci(raw: str) -> str:
@@ -34,18 +39,29 @@ def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: dict[s
     fields.update({k: v for k, v in groups.items() if v is not None})
     pci = normalize_pci(fields["pci"]) if "pci" in fields else None
     rank = _int_or_none(fields.get("rank"))
+    if rank is None and line.rank is None:
+        m = _RANK_PREFIX.match(line.text)
+        rank = int(m.group(1)) if m else None
+    action, severity = rule.recommended_action, rule.severity
+    if rule.decoder is not None:
+        row = rule.decoder.decode(fields)
+        if row is not None:
+            action, severity = row.action, row.severity
+            fields["decoded_unit"] = row.unit
+    if rule.action_from is not None:
+        action = rule.action_from.action_for(fields) or action
     return Finding(
         id=f"{rule.id}:{signal.id}",
         ts=signal.ts,
         fault_class=rule.fault_class,
-        severity=rule.severity,
+        severity=severity,
         hardware=rule.hardware is True,
         where=Location(
             node=signal.node, gpu=fields.get("gpu"), pci=pci, port=fields.get("port"),
             rank=rank if rank is not None else line.rank, job=line.job,
         ),
         rule_id=rule.id,
-        recommended_action=rule.recommended_action,
+        recommended_action=action,
         evidence=(signal.id,),
         message=line.text[:500],
         symptom_of=rule.symptom_of,
@@ -54,7 +70,10 @@ def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: dict[s
 
 
 class RegexMatcher:
-    """Per-rule regex matcher; every rule is tried on every log line of its sources."""
+    """Per-rule regex matcher; every rule is tried on every log line of its sources.
+
+    The naive reference: kept to check the fast engine against and for the benchmark.
+    """
 
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = tuple(rules)
@@ -72,4 +91,23 @@ class RegexMatcher:
                 m = rule.regex.search(line.text)
                 if m:
                     out.append(finding_from_match(rule, sig, line, m.groupdict()))
+        return out
+
+
+class FastMatcher:
+    """Same findings as :class:`RegexMatcher`, from one multi-pattern scan per batch."""
+
+    def __init__(self, rules: Sequence[Rule], *, backend: Backend | None = None) -> None:
+        self.rules = tuple(rules)
+        self.engine = MultiMatcher(self.rules, backend=backend)
+
+    def match(self, signals: Iterable[Signal]) -> list[Finding]:
+        """All findings for the log-line signals of a batch, in signal order."""
+        logs = [s for s in signals if isinstance(s.payload, LogLine)]
+        out: list[Finding] = []
+        for hit in self.engine.scan([s.payload.text for s in logs if isinstance(s.payload, LogLine)]):
+            sig = logs[hit.line]
+            line = sig.payload
+            if isinstance(line, LogLine) and hit.rule.applies_to(sig.source):
+                out.append(finding_from_match(hit.rule, sig, line, hit.match.groupdict()))
         return out

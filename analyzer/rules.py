@@ -10,11 +10,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
+from analyzer.decode import ActionMap, Decoder, DecodeRow, StatusMatch
 from analyzer.records import Action, FaultClass, Severity
 
 RuleSource = Literal["kernel", "container", "any"]
@@ -33,17 +35,73 @@ class RuleError(ValueError):
 
 
 class EscalationSpec(BaseModel):
-    """Escalate when the same rule fires `count` times on one GPU/node within `window` seconds."""
+    """Escalate when the same rule fires `count` times on one GPU/node/port within `window` seconds,
+    or when it fires together with one of `together_with` on the same device."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    count: int = Field(ge=2)
+    count: int = Field(default=2, ge=1)
     window: float = Field(gt=0, description="seconds")
     per: Literal["gpu", "node", "port"] = "gpu"
+    min_gap: float = Field(default=0.0, ge=0, description="occurrences closer than this count once")
+    together_with: tuple[str, ...] = ()
     fault_class: FaultClass | None = None
     hardware: bool = True
     recommended_action: Action = Action.REPLACE_NODE
     severity: Severity = Severity.CRITICAL
+
+    @model_validator(mode="after")
+    def _repeat_or_companion(self) -> EscalationSpec:
+        if self.count < 2 and not self.together_with:
+            raise ValueError("count must be at least 2 unless together_with names companion rules")
+        return self
+
+
+class ActionFromSpec(BaseModel):
+    """The action is named in the line itself (e.g. Xid 154): field value -> action."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str
+    values: dict[str, Action] = Field(min_length=1)
+
+
+class DecodeRowSpec(BaseModel):
+    """One row of a register decode table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    unit: str
+    intrinfo: tuple[str, ...] = Field(min_length=1)
+    status: tuple[str, ...] = ()
+    match: StatusMatch = StatusMatch.BITS
+    action: Action
+    severity: Severity
+
+    @field_validator("intrinfo")
+    @classmethod
+    def _bit_patterns(cls, pats: tuple[str, ...]) -> tuple[str, ...]:
+        for p in pats:
+            if not p or set(p) - set("01-"):
+                raise ValueError(f"bit pattern {p!r} may hold only 0, 1 and -")
+        return pats
+
+    @field_validator("status")
+    @classmethod
+    def _hex_values(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for v in values:
+            int(v, 16)
+        return values
+
+
+class DecodeSpec(BaseModel):
+    """Decode two hex registers captured from the line into action and severity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    intrinfo_field: str
+    status_field: str
+    rows: tuple[DecodeRowSpec, ...] = Field(min_length=1)
 
 
 class RuleSpec(BaseModel):
@@ -61,6 +119,8 @@ class RuleSpec(BaseModel):
     recommended_action: Action
     symptom_of: tuple[FaultClass, ...] = ()
     escalation: EscalationSpec | None = None
+    action_from: ActionFromSpec | None = None
+    decode: DecodeSpec | None = None
     fields: dict[str, str] = Field(default_factory=dict)
     examples: tuple[str, ...] = Field(min_length=1)
     counter_examples: tuple[str, ...] = ()
@@ -103,6 +163,10 @@ class Rule:
     """Classes that explain this finding when present nearby."""
     escalation: EscalationSpec | None
     """Repeat threshold that turns it into a hardware finding."""
+    action_from: ActionMap | None
+    """Action named by the line itself; overrides ``recommended_action`` when it applies."""
+    decoder: Decoder | None
+    """Register decode that picks action and severity; overrides the fixed ones when a row applies."""
     fields: tuple[tuple[str, str], ...]
     """Constant fields added to every finding (e.g. ``xid: "79"``)."""
     examples: tuple[str, ...]
@@ -118,20 +182,69 @@ class Rule:
 
 
 # Constructs that need a backtracking engine: refused so user rules cannot enable ReDoS.
-_BACKTRACKING = re.compile(r"\\[1-9]|\(\?[=!<]|\(\?P=|\(\?>|[*+?}]\+")
+# `(?<name>` is a named group, not a lookbehind, so it is allowed.
+_BACKTRACKING = re.compile(r"\\[1-9]|\\g<|\(\?(?:[=!]|<[=!])|\(\?P=|\(\?>|\(\?\(|[*+?}]\+")
+_LINEAR_ONLY = (
+    "needs a backtracking engine (backreference, lookaround, conditional or possessive/atomic group); "
+    "only linear-time regex syntax is allowed"
+)
+
+
+def _linear_check(pattern: str) -> str | None:
+    """Why the pattern cannot run in linear time, or None. RE2 is the referee where it is installed."""
+    if _BACKTRACKING.search(pattern):
+        return _LINEAR_ONLY
+    try:
+        import re2  # optional accelerator; the textual check above still applies
+    except ImportError:
+        return None
+    opts = re2.Options()
+    opts.log_errors = False
+    try:
+        re2.compile(pattern, options=opts)
+    except re2.error as exc:
+        return f"{_LINEAR_ONLY} (RE2: {exc})"
+    return None
 
 
 def _compile(path: str, spec: RuleSpec) -> re.Pattern[str]:
-    if _BACKTRACKING.search(spec.pattern):
-        raise RuleError(
-            path, spec.id, "pattern",
-            "uses backreferences, lookaround or possessive/atomic groups; "
-            "only linear-time regex syntax is allowed",
-        )
+    why = _linear_check(spec.pattern)
+    if why:
+        raise RuleError(path, spec.id, "pattern", why)
     try:
-        return re.compile(spec.pattern)
+        regex = re.compile(spec.pattern)
     except re.error as exc:
         raise RuleError(path, spec.id, "pattern", f"does not compile: {exc}") from exc
+    if regex.search(""):
+        raise RuleError(path, spec.id, "pattern", "matches the empty string, so it would match every line")
+    return regex
+
+
+def _need_group(path: str, spec: RuleSpec, regex: re.Pattern[str], field: str, name: str) -> None:
+    if name not in regex.groupindex:
+        raise RuleError(path, spec.id, field, f"names group {name!r} that the pattern does not capture")
+
+
+def _action_map(path: str, spec: RuleSpec, regex: re.Pattern[str]) -> ActionMap | None:
+    a = spec.action_from
+    if a is None:
+        return None
+    _need_group(path, spec, regex, "action_from.field", a.field)
+    return ActionMap(field=a.field, values=tuple(sorted(a.values.items())))
+
+
+def _decoder(path: str, spec: RuleSpec, regex: re.Pattern[str]) -> Decoder | None:
+    d = spec.decode
+    if d is None:
+        return None
+    _need_group(path, spec, regex, "decode.intrinfo_field", d.intrinfo_field)
+    _need_group(path, spec, regex, "decode.status_field", d.status_field)
+    rows = tuple(
+        DecodeRow(unit=r.unit, intrinfo=r.intrinfo, status=tuple(int(v, 16) for v in r.status),
+                  match=r.match, action=r.action, severity=r.severity)
+        for r in d.rows
+    )
+    return Decoder(intrinfo_field=d.intrinfo_field, status_field=d.status_field, rows=rows)
 
 
 def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
@@ -149,12 +262,13 @@ def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
         severity=spec.severity, hardware=spec.hardware,
         recommended_action=spec.recommended_action,
         symptom_of=frozenset(spec.symptom_of), escalation=spec.escalation,
+        action_from=_action_map(path, spec, regex), decoder=_decoder(path, spec, regex),
         fields=tuple(sorted(spec.fields.items())), examples=spec.examples,
         counter_examples=spec.counter_examples, references=spec.references,
     )
 
 
-def _field_path(err: Any) -> str:
+def _field_path(err: ErrorDetails) -> str:
     return ".".join(str(p) for p in err["loc"])
 
 
@@ -192,6 +306,10 @@ def load_rules(paths: Iterable[Path]) -> list[Rule]:
                 raise RuleError(str(f), rule.id, "id", f"duplicate of a rule in {seen[rule.id]}")
             seen[rule.id] = str(f)
             rules.append(rule)
+    for rule in rules:
+        for other in rule.escalation.together_with if rule.escalation else ():
+            if other not in seen:
+                raise RuleError(seen[rule.id], rule.id, "escalation.together_with", f"unknown rule {other!r}")
     return rules
 
 

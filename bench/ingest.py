@@ -16,6 +16,7 @@ from kmend.demo import serve_in_thread
 from kmend.settings import Settings
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
+from sim.faults import KernelLog
 from sim.job import TrainingJob
 
 
@@ -52,5 +53,29 @@ def main(steps: int = 40, batch_steps: int = 4) -> None:
             kmend.store.close()
 
 
+def fault_flood(nodes: int = 512, batch: int = 256) -> None:
+    """Xid 79 on one node, then an NCCL timeout from each of 4,096 ranks: one growing incident."""
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = Settings(database_url=f"sqlite:///{Path(tmp) / 'flood.db'}", cluster="sim")
+        cluster = build_cluster(nodes)
+        kmend = make_kmend(settings, cluster=cluster, notifier=LogNotifier())
+        kmend.start()
+        job = TrainingJob("flood", [n.name for n in cluster.list_nodes()], ranks_per_node=8)
+        kmend.ingest(job.step(1, 1.7e9))
+        kmend.ingest(KernelLog(job.nodes[3], 1.6e9).xid(1.7e9 + 5, 2, 79))
+        sigs = job.nccl_timeouts(1.7e9 + 600, 99)
+        t = time.perf_counter()
+        for i in range(0, len(sigs), batch):
+            kmend.ingest(sigs[i:i + batch])
+        dt = time.perf_counter() - t
+        [inc] = kmend.incidents()
+        print(json.dumps({"bench": "ingest_fault_flood", "ranks": job.world_size, "batch_size": batch,
+                          "seconds": round(dt, 3), "signals_per_s": round(len(sigs) / dt),
+                          "incidents": 1, "root_cause_node": inc.root_cause.node,
+                          "findings_in_incident": len(inc.findings)}))
+        kmend.store.close()
+
+
 if __name__ == "__main__":
     main()
+    fault_flood()

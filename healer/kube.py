@@ -79,6 +79,7 @@ class KubeCluster:
 
     def __init__(self, api: client.ApiClient, *, event_namespace: str = "default",
                  component: str = "kmend", request_timeout_s: float = 10.0) -> None:
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.event_namespace = event_namespace
         self.component = component
@@ -154,8 +155,11 @@ class KubeCluster:
     def _edit_taints(self, name: str, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
         for attempt in range(_CONFLICT_RETRIES):
             node: Any = _call(self.core.read_node, name, _request_timeout=self.timeout)
-            current = [t.to_dict() for t in (node.spec.taints or [])]
-            current = [{k: v for k, v in t.items() if v is not None} for t in current]
+            # API field names (timeAdded), not the client's attribute names (time_added).
+            current: list[dict[str, Any]] = [
+                self.api.sanitize_for_serialization(t)  # type: ignore[no-untyped-call]
+                for t in (node.spec.taints or [])
+            ]
             wanted = edit(current)
             if wanted == current:
                 return

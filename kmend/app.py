@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from kmend.api import flight_recorder, health, incidents, nodes, signals
+from kmend.api import alerts, flight_recorder, fluentbit, health, incidents, nodes, signals
 from kmend.service import Kmend
 from kmend.settings import Settings
 
@@ -36,6 +36,7 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
     app = FastAPI(title="kmend", version="0.1.0", lifespan=lifespan)
     app.state.kmend = kmend
     app.state.settings = settings
-    for r in (signals.router, flight_recorder.router, incidents.router, nodes.router, health.router):
+    for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
+              nodes.router, health.router):
         app.include_router(r)
     return app

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kmend.commands import demo, serve
+from kmend.commands import agent, analyze, demo, fluentbit, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kmend", description="Diagnose and heal GPU training clusters")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (serve, demo):
+    for module in (serve, agent, analyze, demo, fluentbit):
         module.register(sub)
     return parser
 
@@ -25,7 +25,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except BrokenPipeError:
+        # `kmend analyze ... | head`: the reader left; that is not an error.
+        sys.stderr.close()
+        return 0
     return code
 
 

@@ -97,10 +97,13 @@ def run_demo(*, nodes: int = 16, gpus: int = 8, job_nodes: int = 8, fault_node: 
 
 
 def _wait_for(client: httpx.Client, node: str, timeout_s: float) -> bool:
+    """Until the node is quarantined and the plan that did it has finished."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         n = client.get("/v1/nodes").json()["nodes"][node]
-        if n["cordoned"] and n["fault"]:
+        if n["cordoned"] and n["fault"] and all(
+            client.get(f"/v1/incidents/{i}").json()["state"] == "remediating" for i in n["incidents"]
+        ):
             return True
         time.sleep(0.1)
     return False

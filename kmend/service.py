@@ -16,7 +16,7 @@ from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
-from analyzer.records import Incident, IncidentState
+from analyzer.records import Finding, Incident, IncidentState
 from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.cluster import Cluster
@@ -115,7 +115,7 @@ class Kmend:
         """Store and analyze a batch; repeated ids are ignored."""
         with self._lock, self.metrics.batch_seconds.time():
             try:
-                outcome = self.store.ingest(signals, self.analyzer.process)
+                outcome = self.store.ingest(signals, self._analyze)
             except Exception:
                 # The transaction rolled back; the correlator may hold its findings: rebuild it.
                 self.rebuild()
@@ -158,7 +158,7 @@ class Kmend:
         with self._lock:
             t = self.detector_now() if now is None else now
             try:
-                outcome = self.store.record(lambda: self.analyzer.evaluate(t))
+                outcome = self.store.record(lambda: self._evaluate(t))
             except Exception:
                 self.rebuild()
                 raise
@@ -171,6 +171,14 @@ class Kmend:
             self.detectors.add_flight_recorder_dump(job, rank, node, data, self.detector_now(),
                                                     source=source or f"{node}/flight-recorder/{job}/{rank}")
         self._wake.set()
+
+    def _analyze(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
+        found, changed = self.analyzer.process(signals)
+        return found, changed, self.analyzer.correlator.take_merges()
+
+    def _evaluate(self, now: float) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
+        found, changed = self.analyzer.evaluate(now)
+        return found, changed, self.analyzer.correlator.take_merges()
 
     def incidents(self) -> list[Incident]:
         """All incidents, oldest first."""

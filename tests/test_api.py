@@ -70,20 +70,20 @@ def test_xid79_and_timeouts_become_one_incident_and_the_node_is_quarantined(serv
     served.post([container(n, nccl_timeout(i * 8 + g), rank=i * 8 + g, ts=T0 + 610)
                  for i, n in enumerate(nodes) for g in range(8)])
 
-    node = served.wait(lambda: (n := served.client.get("/v1/nodes").json()["nodes"]["gpu-node-02"])["cordoned"]
-                       and n["fault"] and n)
-    assert node["state"] == "quarantined" and "kmend.io/fault=gpu_lost:NoSchedule" in node["taints"]
-    assert node["conditions"]["KmendHealthy"] == "False"
-    others = served.client.get("/v1/nodes").json()["nodes"]
-    assert [k for k, v in others.items() if v["cordoned"]] == ["gpu-node-02"]
-
     [summary] = served.client.get("/v1/incidents").json()["incidents"]
     assert summary["fault_class"] == "gpu_lost" and summary["root_cause"]["node"] == "gpu-node-02"
+    served.wait(lambda: served.client.get(f"/v1/incidents/{summary['id']}").json()["state"] == "remediating")
     full = served.client.get(f"/v1/incidents/{summary['id']}").json()
     assert len(full["findings"]) == 33
-    served.wait(lambda: served.client.get(f"/v1/incidents/{summary['id']}").json()["state"] == "remediating")
-    [plan] = served.client.get(f"/v1/incidents/{summary['id']}").json()["plans"]
+    [plan] = full["plans"]
     assert [s["state"] for s in plan["steps"]] == ["succeeded"] * 4
+
+    nodes = served.client.get("/v1/nodes").json()["nodes"]
+    node = nodes["gpu-node-02"]
+    assert node["state"] == "quarantined" and node["cordoned"]
+    assert "kmend.io/fault=gpu_lost:NoSchedule" in node["taints"]
+    assert node["conditions"]["KmendHealthy"] == "False"
+    assert [k for k, v in nodes.items() if v["cordoned"]] == ["gpu-node-02"]
     events = [e for e in served.cluster.events if e.node == "gpu-node-02"]
     assert len(events) == 1 and summary["id"] in events[0].message
 

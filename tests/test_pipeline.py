@@ -131,3 +131,11 @@ def test_benign_lines_produce_nothing(shipped_rules: list[Rule]) -> None:
     analyzer = Analyzer(shipped_rules)
     found, incidents = analyzer.process([container("gpu-1", b) for b in benign] + [kernel("gpu-1", benign[2])])
     assert found == [] and incidents == []
+
+
+def test_a_live_cluster_needs_a_job_or_node_link_but_a_bundle_does_not(shipped_rules: list[Rule]) -> None:
+    for bundle, expected in ((False, 2), (True, 1)):
+        analyzer = Analyzer(shipped_rules, correlator=Correlator(bundle=bundle))
+        analyzer.process([kernel("gpu-7", XID79, ts=T0)])
+        analyzer.process([container("gpu-2", nccl_timeout(5), job=None, rank=5, ts=T0 + 600)])
+        assert len(analyzer.correlator.incidents()) == expected

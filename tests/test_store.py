@@ -11,9 +11,14 @@ from analyzer.pipeline import Analyzer
 from analyzer.rules import Rule
 from healer.records import ActionStep, Mode, Plan, PlanState, StepKind, StepState
 from kmend.store import Store
+from kmend.store.store import Analyze
 from tests.builders import XID79, container, kernel, nccl_timeout
 
 pytestmark = pytest.mark.postgres
+
+
+def _analyze(analyzer: Analyzer) -> Analyze:
+    return lambda sigs: (*analyzer.process(sigs), analyzer.correlator.take_merges())
 
 
 def _store(url: str) -> Store:
@@ -35,8 +40,8 @@ def test_repeated_signal_ids_are_stored_and_analyzed_once(database_url: str, shi
     store = _store(database_url)
     analyzer = Analyzer(shipped_rules)
     batch = [kernel("gpu-1", XID79), container("gpu-1", "iteration 1")]
-    first = store.ingest(batch, analyzer.process)
-    again = store.ingest(batch + batch, analyzer.process)
+    first = store.ingest(batch, _analyze(analyzer))
+    again = store.ingest(batch + batch, _analyze(analyzer))
     assert (first.accepted, first.duplicates, len(first.findings)) == (2, 0, 1)
     assert (again.accepted, again.duplicates, len(again.findings)) == (0, 4, 0)
     assert store.count_signals() == 2
@@ -58,8 +63,8 @@ def test_a_failed_analysis_rolls_back_the_signals_too(database_url: str) -> None
 def test_findings_replay_in_order_and_follow_adoption(database_url: str, shipped_rules: list[Rule]) -> None:
     store = _store(database_url)
     analyzer = Analyzer(shipped_rules)
-    store.ingest([container("gpu-2", nccl_timeout(r), rank=r, ts=1.7e9 + 600) for r in range(4)], analyzer.process)
-    store.ingest([kernel("gpu-2", XID79, ts=1.7e9)], analyzer.process)
+    store.ingest([container("gpu-2", nccl_timeout(r), rank=r, ts=1.7e9 + 600) for r in range(4)], _analyze(analyzer))
+    store.ingest([kernel("gpu-2", XID79, ts=1.7e9)], _analyze(analyzer))
     replayed = Analyzer(shipped_rules)
     for f in store.findings_in_order():
         replayed.correlator.add(f)
@@ -81,3 +86,19 @@ def test_plan_journal_keeps_each_steps_latest_state(database_url: str) -> None:
     assert [s.state for s in got.steps] == [StepState.SUCCEEDED, StepState.RUNNING]
     assert got.steps[0].result == "cordoned n1" and got.steps[1].params == {"reason": "R"}
     assert [p.id for p in store.list_plans(state="running")] == ["p1"]
+
+
+def test_a_cause_adopting_two_symptom_incidents_leaves_one_active(database_url: str, shipped_rules: list[Rule]) -> None:
+    store = _store(database_url)
+    analyzer = Analyzer(shipped_rules)
+    run = _analyze(analyzer)
+    store.ingest([container("gpu-4", nccl_timeout(1), job="job-a", rank=1, ts=1.7e9 + 600)], run)
+    store.ingest([container("gpu-4", nccl_timeout(2), job="job-b", rank=2, ts=1.7e9 + 601)], run)
+    assert len(store.list_incidents(state="open")) == 2
+    store.ingest([kernel("gpu-4", XID79, ts=1.7e9)], run)
+    [active] = store.list_incidents(state="open")
+    [merged] = store.list_incidents(state="suppressed")
+    assert active["fault_class"] == "gpu_lost" and merged["fault_class"] == "nccl_timeout"
+    full = store.get_incident(active["id"])
+    assert full is not None and {f["rule_id"] for f in full["findings"]} == {"xid-79", "nccl-watchdog-timeout"}
+    assert len(full["findings"]) == 3 and sorted(full["jobs"]) == ["job-a", "job-b"]

@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-from kmend.demo import print_human, run_demo
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the subcommand."""
@@ -21,6 +19,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 only if the fault was healed."""
+    # Imported here so that `kmend agent` on every node does not load the web stack.
+    from kmend.demo import print_human, run_demo
+
     def quiet(_: str) -> None:
         return None
 

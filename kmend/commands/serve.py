@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-import uvicorn
-
-from kmend.app import create_app
-from kmend.settings import Settings
-from kmend.wiring import make_kmend
-
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the subcommand."""
@@ -24,6 +18,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
+    # Imported here so that `kmend agent` on every node does not load the web stack.
+    import uvicorn
+
+    from kmend.app import create_app
+    from kmend.settings import Settings
+    from kmend.wiring import make_kmend
+
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "database_url": args.database_url,
         "cluster": args.cluster, "dry_run": args.dry_run,

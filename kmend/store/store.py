@@ -27,7 +27,8 @@ from kmend.serialize import (
 )
 from kmend.store import schema
 
-Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident]]]
+Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
+"""Signals → (new findings, changed incidents, merges as (merged incident id, surviving id))."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,20 +122,21 @@ class Store:
         with self.engine.begin() as conn:
             new_ids = self._insert_new(conn, list(unique.values()))
             fresh = [s for s in unique.values() if s.id in new_ids]
-            found, changed = analyze(fresh) if fresh else ([], [])
-            self._write_results(conn, found, changed)
+            found, changed, merges = analyze(fresh) if fresh else ([], [], [])
+            self._write_results(conn, found, changed, merges)
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
-    def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident]]]) -> IngestOutcome:
+    def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
+               ) -> IngestOutcome:
         """Run a detector evaluation and store its findings and incidents in one transaction.
 
         Like ``ingest`` without signals: detector findings carry stable ids, so a
         finding emitted again after a restart is ignored, never stored twice.
         """
         with self.engine.begin() as conn:
-            found, changed = analyze()
-            if found or changed:
-                self._write_results(conn, found, changed)
+            found, changed, merges = analyze()
+            if found or changed or merges:
+                self._write_results(conn, found, changed, merges)
         return IngestOutcome(0, 0, tuple(found), tuple(changed))
 
     def _insert(self, table: Table) -> Any:
@@ -152,12 +154,15 @@ class Store:
             new.update(r[0] for r in res)
         return new
 
-    def _write_results(self, conn: Connection, found: Iterable[Finding], changed: Iterable[Incident]) -> None:
+    def _write_results(self, conn: Connection, found: Sequence[Finding], changed: Iterable[Incident],
+                       merges: Iterable[tuple[str, str]]) -> None:
+        new_ids = {f.id for f in found}
         inc_by_finding: dict[str, str] = {}
         for inc in changed:
             self._upsert_incident(conn, inc)
             for f in inc.findings:
-                inc_by_finding[f.id] = inc.id
+                if f.id in new_ids:
+                    inc_by_finding[f.id] = inc.id
         rows = []
         with self._seq_lock:
             for f in found:
@@ -168,10 +173,10 @@ class Store:
         if rows:
             stmt = self._insert(schema.findings).on_conflict_do_nothing(index_elements=["id"])
             conn.execute(stmt, rows)
-        # Findings that moved to another incident (a cause adopting its symptoms).
-        for fid, iid in inc_by_finding.items():
-            conn.execute(schema.findings.update().where(schema.findings.c.id == fid)
-                         .where(schema.findings.c.incident_id != iid).values(incident_id=iid))
+        # A cause that adopted several symptom incidents: their findings move to the survivor.
+        for old, new in merges:
+            conn.execute(schema.findings.update().where(schema.findings.c.incident_id == old)
+                         .values(incident_id=new))
 
     def _upsert_incident(self, conn: Connection, inc: Incident) -> None:
         row = {"id": inc.id, "state": inc.state.value, "fault_class": inc.fault_class.value,

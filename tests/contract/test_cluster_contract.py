@@ -1,4 +1,5 @@
-"""Cluster-port contract: SimCluster always, KubeCluster on the real cluster named by KMEND_TEST_KUBECONFIG.
+"""Cluster-port contract: SimCluster, KubeCluster on a loopback fake API server, and KubeCluster on the
+real cluster named by KMEND_TEST_KUBECONFIG.
 
 On a real cluster the test creates its own Node objects (no kubelet needed: the API
 server stores them) and deletes them afterwards.
@@ -14,6 +15,7 @@ import pytest
 
 from healer.cluster import Cluster, ClusterEvent, Condition, NotFoundError, Taint
 from sim.cluster import SimCluster
+from tests.fake_apiserver import FakeApiServer
 
 NodeFactory = Callable[[], str]
 
@@ -58,9 +60,23 @@ def _kube() -> Iterator[tuple[Cluster, NodeFactory]]:
             core.delete_node(name)
 
 
-@pytest.fixture(params=["sim", "kube"])
+def _kube_fake() -> Iterator[tuple[Cluster, NodeFactory]]:
+    from kubernetes import client
+
+    from healer.kube import KubeCluster
+
+    with FakeApiServer() as api:
+        def make() -> str:
+            name = f"contract-{uuid.uuid4().hex[:8]}"
+            api.add_node(name, labels={"kmend.io/test": "true"})
+            return name
+
+        yield KubeCluster(client.ApiClient(client.Configuration(host=api.url))), make
+
+
+@pytest.fixture(params=["sim", "kube-fake", "kube"])
 def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[Cluster, NodeFactory]]:
-    yield from (_sim() if request.param == "sim" else _kube())
+    yield from {"sim": _sim, "kube-fake": _kube_fake, "kube": _kube}[request.param]()
 
 
 def test_cordon_and_uncordon_are_idempotent(cluster: tuple[Cluster, NodeFactory]) -> None:

@@ -1,0 +1,211 @@
+"""Offline log bundles: files, directories, /var/log/pods trees, kubectl dumps, or stdin.
+
+The source reads each file once into lines (container-runtime and kubectl prefixes
+stripped) and turns only the lines a caller asks for into Signals, so diagnosing a
+multi-gigabyte bundle does not build an object per line. Node, namespace, pod,
+container and job come from the path (``/var/log/pods/<ns>_<pod>_<uid>/<container>/N.log``,
+``<node>/...`` directories), from the flags, or from the line itself (syslog host,
+NCCL's ``host:pid:tid`` prefix).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import IO
+
+from collector.signal import LogLine, Signal, Source
+from collector.timestamps import parse_timestamp
+
+
+class LogKind(StrEnum):
+    """What a file holds, which decides the signal source of its lines."""
+
+    KERNEL = "kernel"
+    """Kernel ring buffer, kern.log, syslog or journal."""
+    CONTAINER = "container"
+    """A container's stdout/stderr (CRI log file or kubectl logs dump)."""
+    AUTO = "auto"
+    """Unknown: each line is classified on its own."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogFile:
+    """One file of a bundle and what its path says about it."""
+
+    name: str
+    """Path as found (``-`` for stdin)."""
+    kind: LogKind
+    """Kernel, container, or decided per line."""
+    node: str | None = None
+    """Node the file came from, when the path or a flag says."""
+    namespace: str | None = None
+    """Pod namespace (``/var/log/pods`` layout)."""
+    pod: str | None = None
+    """Pod name."""
+    container: str | None = None
+    """Container name."""
+    job: str | None = None
+    """Training job the pod belongs to."""
+
+
+@dataclass(slots=True)
+class FileLines:
+    """The lines of one file, prefixes stripped, with per-line prefix facts kept aside."""
+
+    file: LogFile
+    """Where they came from."""
+    texts: list[str]
+    """Line contents, as rules see them."""
+    stamps: list[str | None]
+    """The runtime's timestamp prefix of each line, when it had one."""
+    pods: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Pod and container of lines from a ``kubectl logs --prefix`` dump, by line index."""
+
+
+_PODS_DIR = re.compile(r"^(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})$")
+_KERNEL_NAME = re.compile(r"(?:^|[-_.])(?:dmesg|kern|kernel|kmsg|messages|syslog|journal)(?:$|[-_.])", re.I)
+_KERNEL_LINE = re.compile(
+    r"^\s*(?:<\d>)?\[\s*\d+\.\d+\]|\bkernel: |^\s*\[\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4}\]|^\s*kern\s*:"
+)
+_CRI = re.compile(r"^(\S+) (?:stdout|stderr) ([PF]) ?(.*)$")
+_KUBECTL_PREFIX = re.compile(r"^\[pod/([^/\]]+)/([^\]]+)\] (.*)$")
+_SYSLOG_HOST = re.compile(r"^\s*\w{3} +\d+ \d\d:\d\d:\d\d(?:\.\d+)? (\S+) ")
+_NCCL_HOST = re.compile(r"^(?:\[rank\d+\]:)?\s*([A-Za-z0-9][A-Za-z0-9.-]*):\d+:\d+ \[\d+\]")
+_POD_JOB = re.compile(r"^(?P<job>.+?)-(?:(?:worker|master|launcher|chief|ps|evaluator|trainer)-)?\d+$")
+
+
+def job_from_pod(pod: str) -> str:
+    """Job name from a pod name: ``llama-pretrain-worker-3`` -> ``llama-pretrain``."""
+    m = _POD_JOB.match(pod)
+    return m.group("job") if m else pod
+
+
+def _describe(path: Path, root: Path | None, node: str | None, job: str | None) -> LogFile:
+    parts = path.parts
+    ns = pod = container = None
+    kind = LogKind.KERNEL if _KERNEL_NAME.search(path.name) else LogKind.AUTO
+    if "pods" in parts:
+        i = len(parts) - 1 - parts[::-1].index("pods")
+        if i + 2 < len(parts) and (m := _PODS_DIR.match(parts[i + 1])):
+            ns, pod, container, kind = m.group("ns"), m.group("pod"), parts[i + 2], LogKind.CONTAINER
+    if node is None:
+        node = _node_from_path(path, root)
+    if job is None and pod is not None:
+        job = job_from_pod(pod)
+    return LogFile(name=str(path), kind=kind, node=node, namespace=ns, pod=pod, container=container, job=job)
+
+
+def _node_from_path(path: Path, root: Path | None) -> str | None:
+    parts = path.parts
+    if "var" in parts:
+        i = parts.index("var")
+        if i > 0 and (root is None or i > len(root.parts) - 1):
+            return parts[i - 1]
+    if root is not None:
+        rel = path.relative_to(root).parts
+        if len(rel) >= 2:
+            return rel[0]
+    return None
+
+
+class BundleSource:
+    """Reads a bundle given as paths (files, directories, ``-`` for stdin)."""
+
+    def __init__(
+        self, paths: Sequence[str], *, node: str | None = None, job: str | None = None,
+        stdin: IO[bytes] | None = None,
+    ) -> None:
+        self.paths = list(paths)
+        self.node = node
+        self.job = job
+        self.stdin = stdin
+
+    def files(self) -> list[LogFile]:
+        """Every file of the bundle, in a stable order."""
+        out: list[LogFile] = []
+        for p in self.paths:
+            if p == "-":
+                out.append(LogFile(name="-", kind=LogKind.AUTO, node=self.node, job=self.job))
+                continue
+            path = Path(p)
+            if path.is_dir():
+                for f in sorted(x for x in path.rglob("*") if x.is_file() and not x.name.startswith(".")):
+                    out.append(_describe(f, path, self.node, self.job))
+            else:
+                out.append(_describe(path, None, self.node, self.job))
+        return out
+
+    def _read(self, f: LogFile) -> str:
+        if f.name == "-":
+            raw = (self.stdin or sys.stdin.buffer).read()
+        elif f.name.endswith(".gz"):
+            with gzip.open(f.name, "rb") as fh:
+                raw = fh.read()
+        else:
+            raw = Path(f.name).read_bytes()
+        return raw.decode("utf-8", "replace")
+
+    def lines(self, f: LogFile) -> FileLines:
+        """The file's lines with CRI (``<ts> <stream> <P|F> ``) and kubectl prefixes stripped."""
+        raw = self._read(f).splitlines()
+        texts: list[str] = []
+        stamps: list[str | None] = []
+        pods: dict[int, tuple[str, str]] = {}
+        partial = ""
+        cri = f.kind is LogKind.CONTAINER or bool(raw and _CRI.match(raw[0]))
+        for ln in raw:
+            if cri and (m := _CRI.match(ln)):
+                if m.group(2) == "P":  # partial line: the runtime split a long line, join it back
+                    partial += m.group(3)
+                    continue
+                texts.append(partial + m.group(3))
+                stamps.append(m.group(1))
+                partial = ""
+                continue
+            if (k := _KUBECTL_PREFIX.match(ln)) is not None:
+                pods[len(texts)] = (k.group(1), k.group(2))
+                ln = k.group(3)
+            texts.append(ln)
+            stamps.append(None)
+        if partial:
+            texts.append(partial)
+            stamps.append(None)
+        return FileLines(file=f, texts=texts, stamps=stamps, pods=pods)
+
+    def signal(self, fl: FileLines, i: int) -> Signal:
+        """The Signal for line ``i`` of a file: source, node, pod metadata and time resolved."""
+        f, text = fl.file, fl.texts[i]
+        kind = f.kind
+        if kind is LogKind.AUTO:
+            kind = LogKind.KERNEL if _KERNEL_LINE.search(text) else LogKind.CONTAINER
+        source = Source.KERNEL if kind is LogKind.KERNEL else Source.CONTAINER
+        pod, container, job = f.pod, f.container, f.job
+        if i in fl.pods:
+            pod, container = fl.pods[i]
+            job = self.job or job_from_pod(pod)
+        node = f.node or _node_from_line(text) or "unknown"
+        return Signal(
+            id=f"{node}:{source.value}:{f.name}:{i}", node=node, source=source, ts=_time_of(fl, i),
+            payload=LogLine(text=text, namespace=f.namespace, pod=pod, container=container, job=job),
+        )
+
+
+def _node_from_line(text: str) -> str | None:
+    m = _SYSLOG_HOST.match(text) or _NCCL_HOST.match(text)
+    return m.group(1) if m else None
+
+
+def _time_of(fl: FileLines, i: int) -> float:
+    """Time of line i: its own stamp, else the nearest earlier stamp plus line distance, else line order."""
+    for j in range(i, max(i - 200, -1), -1):
+        stamp = fl.stamps[j]
+        parsed = parse_timestamp(stamp) if stamp else parse_timestamp(fl.texts[j])
+        if parsed is not None:
+            return parsed[0] + (i - j) * 1e-6
+    return float(i)

@@ -1,0 +1,229 @@
+"""Fluent Bit as an alternative agent: its YAML config, and its records mapped to signals.
+
+The config tails CRI logs (``cri`` multiline parser, ``kubernetes`` filter),
+reads ``kmsg``, keeps only lines the rule packs could match (``grep``) and
+posts ``json_lines`` to the service's ``/v1/ingest/fluentbit``. Fluent Bit's
+regex engine is Onigmo, so Python-only syntax in rule patterns is rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from collector.podmeta import job_and_rank
+from collector.signal import LogLine, Signal, Source
+from collector.sources.cri import TimestampParser
+
+_PY_NAMED = re.compile(r"\(\?P<[A-Za-z_][A-Za-z0-9_]*>")
+
+
+def onigmo(pattern: str) -> str:
+    """A Python ``re`` pattern in Onigmo syntax.
+
+    Named groups become non-capturing: ``grep`` only needs a match, and the
+    same name in several packs would be a duplicate group in one alternation.
+    """
+    return _PY_NAMED.sub("(?:", pattern)
+
+
+def alternation(patterns: Iterable[str]) -> str:
+    """One Onigmo regex matching any of the patterns."""
+    return "|".join(f"(?:{onigmo(p)})" for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class FluentBitOptions:
+    """What the rendered config points at."""
+
+    service_host: str = "kmend.kmend-system.svc"
+    """Host of the kmend service."""
+    service_port: int = 8080
+    """Its port."""
+    tls: bool = False
+    """Use HTTPS to the service."""
+    token_env: str | None = "KMEND_TOKEN"
+    """Environment variable holding the bearer token (``None``: no token)."""
+    node_env: str = "NODE_NAME"
+    """Environment variable holding the node name (downward API)."""
+    containers_path: str = "/var/log/containers/*.log"
+    """Files the tail input reads (kubelet's symlinks carry pod, namespace and container)."""
+    state_dir: str = "/var/lib/fluent-bit"
+    """Offsets database and filesystem buffer, on a hostPath so restarts lose nothing."""
+    kmsg: bool = True
+    """Read the kernel log."""
+
+
+def render_config(
+    options: FluentBitOptions, *, container_patterns: Sequence[str], kernel_patterns: Sequence[str]
+) -> dict[str, Any]:
+    """The Fluent Bit YAML document as a mapping (dump it with :func:`dump_config`)."""
+    inputs: list[dict[str, Any]] = [{
+        "name": "tail",
+        "tag": "kube.*",
+        "path": options.containers_path,
+        "multiline.parser": "cri",
+        "db": f"{options.state_dir}/kube.db",
+        "db.locking": True,
+        "mem_buf_limit": "50MB",
+        "skip_long_lines": False,
+        "refresh_interval": 5,
+        "storage.type": "filesystem",
+    }]
+    if options.kmsg:
+        inputs.append({"name": "kmsg", "tag": "kmsg", "storage.type": "filesystem"})
+    filters: list[dict[str, Any]] = [{
+        "name": "kubernetes",
+        "match": "kube.*",
+        "kube_tag_prefix": "kube.var.log.containers.",
+        "merge_log": False,
+        "keep_log": True,
+        "labels": True,
+        "annotations": False,
+    }]
+    if container_patterns:
+        filters.append({"name": "grep", "match": "kube.*",
+                        "regex": f"log {alternation(container_patterns)}"})
+    if options.kmsg and kernel_patterns:
+        filters.append({"name": "grep", "match": "kmsg", "regex": f"msg {alternation(kernel_patterns)}"})
+    filters.append({"name": "record_modifier", "match": "*",
+                    "record": [f"node ${{{options.node_env}}}"]})
+    output: dict[str, Any] = {
+        "name": "http",
+        "match": "*",
+        "host": options.service_host,
+        "port": options.service_port,
+        "uri": "/v1/ingest/fluentbit",
+        "format": "json_lines",
+        "json_date_key": "date",
+        "json_date_format": "double",
+        "compress": "gzip",
+        "tls": options.tls,
+        "retry_limit": False,
+    }
+    if options.token_env:
+        output["header"] = [f"Authorization Bearer ${{{options.token_env}}}"]
+    return {
+        "service": {
+            "flush": 1,
+            "log_level": "info",
+            "http_server": True,
+            "http_listen": "0.0.0.0",
+            "http_port": 2020,
+            "health_check": True,
+            "storage.path": f"{options.state_dir}/buffer",
+            "storage.sync": "normal",
+            "storage.backlog.mem_limit": "16MB",
+        },
+        "pipeline": {"inputs": inputs, "filters": filters, "outputs": [output]},
+    }
+
+
+def dump_config(doc: Mapping[str, Any]) -> str:
+    """YAML text, keys in the order Fluent Bit's documentation uses."""
+    return yaml.safe_dump(dict(doc), sort_keys=False, width=1_000_000, default_flow_style=False)
+
+
+class _Literal(str):
+    """A string dumped as a YAML literal block (the config stays readable inside the ConfigMap)."""
+
+
+class _ConfigMapDumper(yaml.SafeDumper):
+    pass
+
+
+_ConfigMapDumper.add_representer(
+    _Literal, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", str(v), style="|"))
+
+
+def dump_configmap(config_text: str, *, name: str = "kmend-fluent-bit", namespace: str = "kmend-system") -> str:
+    """A ConfigMap holding the rendered config as ``fluent-bit.yaml``."""
+    doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+           "data": {"fluent-bit.yaml": _Literal(config_text)}}
+    header = "# Rendered by `kmend fluentbit-config --configmap`; re-render after changing the rule packs.\n"
+    return header + yaml.dump(doc, Dumper=_ConfigMapDumper, sort_keys=False, width=1_000_000)
+
+
+# -- records posted by the http output ----------------------------------------------------------------
+
+
+def _ts(record: Mapping[str, Any], now: float) -> float:
+    raw = record.get("date")
+    if isinstance(raw, int | float) and raw > 0:
+        return float(raw)
+    parse = TimestampParser()
+    for key in ("date", "time"):
+        text = record.get(key)
+        if isinstance(text, str):
+            ts = parse(text)
+            if ts is not None:
+                return ts
+    return now
+
+
+_RANK = re.compile(r"^\[rank(\d+)\]:")
+
+
+def record_to_signal(record: Mapping[str, Any], *, default_node: str | None, now: float) -> Signal | None:
+    """A Fluent Bit record as a signal; ``None`` when it has no text or no node.
+
+    The id is a hash of node, source, time (to the nanosecond when the CRI
+    time field is there), where it came from and the text: Fluent Bit retries
+    the same record after a failed POST, and the service drops the repeat.
+    """
+    k8s = record.get("kubernetes")
+    k8s = k8s if isinstance(k8s, Mapping) else {}
+    if "msg" in record and ("priority" in record or "sequence" in record):
+        source, text = Source.KERNEL, record.get("msg")
+    else:
+        source = Source.CONTAINER
+        text = next((record[k] for k in ("log", "message", "msg") if isinstance(record.get(k), str)), None)
+    if not isinstance(text, str) or not text:
+        return None
+    text = text.rstrip("\n")[:65536]
+    node = record.get("node") or k8s.get("host") or record.get("hostname") or default_node
+    if not isinstance(node, str) or not node or node.startswith("${"):
+        node = default_node
+    if not node:
+        return None
+    ts = _ts(record, now)
+    identity = "|".join(str(x) for x in (
+        node, source.value, record.get("time", record.get("date")), record.get("sequence"),
+        k8s.get("pod_id"), k8s.get("container_name"), record.get("stream"), text))
+    sid = f"{node}/fluentbit/{hashlib.sha256(identity.encode()).hexdigest()[:32]}"
+    if source is Source.KERNEL:
+        return Signal(sid, node, source, ts, LogLine(text))
+    labels = k8s.get("labels")
+    job, rank = job_and_rank(labels) if isinstance(labels, Mapping) else (None, None)
+    m = _RANK.match(text)
+    if m:
+        rank = int(m.group(1))
+    return Signal(sid, node, source, ts, LogLine(
+        text, k8s.get("namespace_name"), k8s.get("pod_name"), k8s.get("container_name"), job, rank))
+
+
+def parse_payload(body: bytes) -> list[dict[str, Any]]:
+    """Records from a ``json_lines`` body (one object per line) or a ``json`` array body."""
+    stripped = body.strip()
+    if not stripped:
+        return []
+    if stripped.startswith(b"["):
+        doc = json.loads(stripped)
+        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+            raise ValueError("a json body must be an array of objects")
+        return doc
+    out = []
+    for n, line in enumerate(stripped.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if not isinstance(rec, dict):
+            raise ValueError(f"line {n} is not a JSON object")
+        out.append(rec)
+    return out

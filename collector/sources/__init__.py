@@ -1,0 +1,1 @@
+"""Node signal sources: kernel log, container logs, GPU (NVML, DCGM) and InfiniBand sysfs."""

@@ -1,0 +1,272 @@
+"""KubePodScheduling: the PodScheduling port over the official ``kubernetes`` client.
+
+Lists are read raw (``_preload_content=False``) and parsed as JSON: deserialising tens of thousands
+of pods into client models costs seconds per cycle, and the Binding response is never deserialised
+at all (the client's V1Binding model rejects what the API server returns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import urllib3
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from healer.cluster import ClusterError, NotFoundError, PermanentError, Taint, TemporaryError
+from healer.gang.port import (
+    ConflictError,
+    ObjectRef,
+    PodChanges,
+    PodGroupPhase,
+    PodGroupStatus,
+    UncertainError,
+)
+from healer.gang.quantity import PODS, canonical
+from healer.gang.records import (
+    NodeRecord,
+    PodGroupKind,
+    PodGroupRecord,
+    PodRecord,
+    Requirement,
+    SelectorOperator,
+    SelectorTerm,
+    Snapshot,
+    Toleration,
+    TolerationOperator,
+)
+
+REASON_ANNOTATION = "kmend.io/schedule-reason"
+"""PodGroup annotation holding kmend's reason (coscheduling's status schema has no message field)."""
+
+_GROUP_APIS = {PodGroupKind.COSCHEDULING: ("scheduling.x-k8s.io", "v1alpha1"),
+               PodGroupKind.VOLCANO: ("scheduling.volcano.sh", "v1beta1")}
+
+Json = dict[str, Any]
+
+
+def map_error(exc: Exception) -> ClusterError:
+    """API and transport errors as the port's error classes (kopf-style: the class decides retries)."""
+    if isinstance(exc, ApiException):
+        message = exc.reason or str(exc)
+        with contextlib.suppress(ValueError, AttributeError):
+            message = json.loads(exc.body or "{}").get("message") or message
+        status = exc.status or 0
+        if status == 404:
+            return NotFoundError(message)
+        if status == 409:
+            return ConflictError(message)
+        if status == 429 or status >= 500:
+            retry_after = (exc.headers or {}).get("Retry-After", "1")
+            delay = float(retry_after) if str(retry_after).isdigit() else 1.0
+            return TemporaryError(message, delay=delay)
+        return PermanentError(message)
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError | urllib3.exceptions.ProtocolError):
+        # The request reached the server; it may have taken effect.
+        return UncertainError(str(exc))
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return TemporaryError(str(exc))
+    raise exc
+
+
+def _ts(text: str | None) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0
+
+
+def _add(total: dict[str, int], resources: Mapping[str, Any] | None) -> dict[str, int]:
+    for name, qty in (resources or {}).items():
+        total[name] = total.get(name, 0) + canonical(name, qty)
+    return total
+
+
+def effective_requests(spec: Json) -> dict[str, int]:
+    """What the pod needs on a node, as kube-scheduler counts it.
+
+    Containers and restartable (sidecar) init containers add up; a plain init container runs
+    alone, so only its own peak (plus the sidecars started before it) counts; overhead adds on top.
+    """
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or ():
+        _add(total, (c.get("resources") or {}).get("requests"))
+    sidecars: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for c in spec.get("initContainers") or ():
+        req = _add({}, (c.get("resources") or {}).get("requests"))
+        if c.get("restartPolicy") == "Always":
+            for k, v in req.items():
+                sidecars[k] = sidecars.get(k, 0) + v
+            continue
+        for k in set(req) | set(sidecars):
+            peak[k] = max(peak.get(k, 0), req.get(k, 0) + sidecars.get(k, 0))
+    for k, v in sidecars.items():
+        total[k] = total.get(k, 0) + v
+    for k, v in peak.items():
+        total[k] = max(total.get(k, 0), v)
+    _add(total, spec.get("overhead"))
+    total[PODS] = 1
+    return total
+
+
+def node_record(obj: Json) -> NodeRecord:
+    """A Node object as a NodeRecord."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    taints = tuple(Taint(t.get("key", ""), t.get("value") or "", t.get("effect", ""))
+                   for t in spec.get("taints") or ())
+    return NodeRecord(meta["name"], _add({}, status.get("allocatable")), dict(meta.get("labels") or {}),
+                      taints, bool(spec.get("unschedulable")))
+
+
+def _requirements(items: Sequence[Json] | None) -> tuple[Requirement, ...]:
+    return tuple(Requirement(r["key"], SelectorOperator(r["operator"]), tuple(r.get("values") or ()))
+                 for r in items or ())
+
+
+def pod_record(obj: Json) -> PodRecord:
+    """A Pod object as a PodRecord."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    required = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution")) or {})
+    terms = tuple(SelectorTerm(_requirements(t.get("matchExpressions")), _requirements(t.get("matchFields")))
+                  for t in required.get("nodeSelectorTerms") or ())
+    tolerations = tuple(Toleration(t.get("key") or "", TolerationOperator(t.get("operator") or "Equal"),
+                                   t.get("value") or "", t.get("effect") or "")
+                        for t in spec.get("tolerations") or ())
+    return PodRecord(
+        namespace=meta.get("namespace", ""), name=meta["name"], uid=meta.get("uid", ""),
+        requests=effective_requests(spec), node_name=spec.get("nodeName") or "",
+        scheduler_name=spec.get("schedulerName") or "default-scheduler",
+        terminating=meta.get("deletionTimestamp") is not None,
+        finished=status.get("phase") in ("Succeeded", "Failed"),
+        labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
+        tolerations=tolerations, node_selector=dict(spec.get("nodeSelector") or {}), affinity=terms,
+        priority=int(spec.get("priority") or 0), created=_ts(meta.get("creationTimestamp")))
+
+
+def pod_group_record(obj: Json, kind: PodGroupKind) -> PodGroupRecord:
+    """A PodGroup object (either API) as a PodGroupRecord."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    timeout = spec.get("scheduleTimeoutSeconds")
+    return PodGroupRecord(
+        namespace=meta.get("namespace", ""), name=meta["name"], min_member=int(spec.get("minMember") or 1),
+        min_resources=_add({}, spec.get("minResources")),
+        schedule_timeout_seconds=float(timeout) if timeout is not None else None,
+        created=_ts(meta.get("creationTimestamp")), uid=meta.get("uid", ""),
+        annotations=dict(meta.get("annotations") or {}), kind=kind)
+
+
+class KubePodScheduling:
+    """PodScheduling against a real API server; see the Protocol for the guarantees."""
+
+    def __init__(self, api: client.ApiClient, *, clock: Callable[[], float], component: str = "kmend",
+                 page_size: int = 1000, timeout_s: float = 30.0) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.clock = clock
+        self.component = component
+        self.page_size = page_size
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, *, clock: Callable[[], float], **kw: Any) -> KubePodScheduling:
+        """An adapter for the cluster a kubeconfig file names."""
+        load: Callable[..., client.ApiClient] = kube_config.new_client_from_config
+        return cls(load(config_file=path), clock=clock, **kw)
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, _request_timeout=self.timeout_s, **kw)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise map_error(exc) from exc
+
+    def _pages(self, fn: Callable[..., Any], **kw: Any) -> Iterator[Json]:
+        token: str | None = None
+        while True:
+            resp = self._call(fn, limit=self.page_size, _continue=token, _preload_content=False, **kw)
+            body = json.loads(resp.data)
+            yield from body.get("items") or ()
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    def list_pending(self, scheduler_name: str) -> Sequence[PodRecord]:
+        """Pods for ``scheduler_name`` with no node, not terminating and not finished."""
+        selector = f"spec.schedulerName={scheduler_name},spec.nodeName="
+        pods = (pod_record(o) for o in self._pages(self.core.list_pod_for_all_namespaces,
+                                                   field_selector=selector))
+        return [p for p in pods if not p.terminating and not p.finished]
+
+    def snapshot(self) -> Snapshot:
+        """Nodes, pods that are not finished, and PodGroups of both APIs (an absent CRD gives none)."""
+        nodes = tuple(node_record(o) for o in self._pages(self.core.list_node))
+        running = "status.phase!=Succeeded,status.phase!=Failed"
+        pods = tuple(pod_record(o) for o in self._pages(self.core.list_pod_for_all_namespaces,
+                                                        field_selector=running))
+        groups: list[PodGroupRecord] = []
+        for kind, (group, version) in _GROUP_APIS.items():
+            try:
+                body = self._call(self.custom.list_cluster_custom_object, group, version, "podgroups")
+            except NotFoundError:
+                continue
+            groups.extend(pod_group_record(o, kind) for o in body.get("items") or ())
+        return Snapshot(nodes, pods, tuple(groups))
+
+    def changes(self, cursor: str) -> PodChanges:
+        """Every read is a full relist (the cache diffs it); the cursor counts reads."""
+        snap = self.snapshot()
+        return PodChanges(str(int(cursor or 0) + 1), True, snap.pods, (), snap.nodes, snap.pod_groups)
+
+    def bind(self, pod: PodRecord, node: str) -> None:
+        """POST pods/{name}/binding with the pod's UID as precondition."""
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.name, uid=pod.uid or None),
+                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        self._call(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body,
+                   _preload_content=False)
+
+    def delete_pod(self, pod: PodRecord) -> None:
+        """DELETE with a UID precondition: a missing or already recreated pod counts as released."""
+        options = (client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid))
+                   if pod.uid else None)
+        try:
+            self._call(self.core.delete_namespaced_pod, pod.name, pod.namespace, body=options,
+                       _preload_content=False)
+        except (NotFoundError, ConflictError):
+            return
+
+    def emit_event(self, ref: ObjectRef, reason: str, message: str, type: str = "Normal") -> None:
+        """A core/v1 Event about ``ref``, from this component."""
+        now = datetime.fromtimestamp(self.clock(), tz=UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{ref.name}.{int(self.clock() * 1e9):x}",
+                                         namespace=ref.namespace),
+            involved_object=client.V1ObjectReference(kind=ref.kind, namespace=ref.namespace, name=ref.name,
+                                                     uid=ref.uid or None, api_version=ref.api_version),
+            reason=reason, message=message[:1024], type=type, count=1,
+            first_timestamp=now, last_timestamp=now,
+            source=client.V1EventSource(component=self.component), reporting_component=self.component)
+        try:
+            self._call(self.core.create_namespaced_event, ref.namespace, event, _preload_content=False)
+        except NotFoundError:
+            return
+
+    def set_pod_group_status(self, namespace: str, name: str, kind: PodGroupKind,
+                             status: PodGroupStatus) -> None:
+        """Phase and scheduled count through the status subresource; the reason as an annotation."""
+        group, version = _GROUP_APIS[kind]
+        if kind == PodGroupKind.VOLCANO:
+            phase = "Running" if status.phase == PodGroupPhase.SCHEDULED else "Pending"
+            body: Json = {"status": {"phase": phase, "running": status.scheduled}}
+        else:
+            body = {"status": {"phase": str(status.phase), "scheduled": status.scheduled}}
+        try:
+            self._call(self.custom.patch_namespaced_custom_object_status, group, version, namespace,
+                       "podgroups", name, body)
+            note = {"metadata": {"annotations": {REASON_ANNOTATION: status.reason or None}}}
+            self._call(self.custom.patch_namespaced_custom_object, group, version, namespace,
+                       "podgroups", name, note)
+        except NotFoundError:
+            return

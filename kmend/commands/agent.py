@@ -1,0 +1,190 @@
+"""`kmend agent`: the node agent (DaemonSet). Wires sources, prefilter, spool and shipper.
+
+This is the composition root for the node: it may read the rule packs (to build
+the prefilter) and hand the collector plain regular expressions, so the
+collector itself never imports the analyzer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from analyzer.rules import default_rules_dir, load_rules
+from collector.agent import Agent
+from collector.checkpoint import CheckpointStore
+from collector.httpserver import start_status_server
+from collector.metrics import AgentMetrics
+from collector.podmeta import KubeApiPodMetadata
+from collector.prefilter import RegexPrefilter
+from collector.shipper import Shipper
+from collector.sources.base import SignalSource
+from collector.sources.cri import CriLogSource
+from collector.sources.dcgm import DcgmSource, http_fetcher
+from collector.sources.ib import IbSysfsSource
+from collector.sources.kernel import KernLogSource, KmsgSource
+from collector.sources.nvml import NvmlSource
+from collector.spool import DiskSpool
+
+log = logging.getLogger("kmend.agent")
+
+
+class AgentSettings(BaseSettings):
+    """Everything the agent can be told; KMEND_AGENT_* environment variables or flags."""
+
+    model_config = SettingsConfigDict(env_prefix="KMEND_AGENT_", populate_by_name=True)
+
+    node: str = Field(default_factory=socket.gethostname,
+                      validation_alias=AliasChoices("node", "KMEND_AGENT_NODE", "NODE_NAME"),
+                      description="this node's name (the DaemonSet sets NODE_NAME from the downward API)")
+    service_url: str = "http://kmend.kmend-system.svc:8080"
+    token: SecretStr | None = Field(None, description="bearer token for the service")
+    token_file: Path | None = Field(None, description="file holding the token (a mounted Secret)")
+    state_dir: Path = Path("/var/lib/kmend-agent")
+    spool_max_bytes: int = 256 * 1024 * 1024
+    batch_size: int = Field(1000, ge=1, le=50000)
+    flush_interval: float = Field(1.0, gt=0)
+    poll_interval: float = Field(0.5, gt=0)
+    pods_root: Path = Path("/var/log/pods")
+    kernel: Literal["kmsg", "file", "off"] = "kmsg"
+    kmsg_path: Path = Path("/dev/kmsg")
+    kern_log: Path = Path("/var/log/kern.log")
+    boot_id_path: Path = Path("/proc/sys/kernel/random/boot_id")
+    ib_root: Path = Path("/sys/class/infiniband")
+    nvml: bool = True
+    dcgm_url: str | None = Field(None, description="DCGM exporter /metrics URL, e.g. http://localhost:9400/metrics")
+    metrics_interval: float = Field(15.0, gt=0, description="seconds between NVML/DCGM/IB samples")
+    prefilter: bool = Field(True, description="ship only lines a rule could match (plus all metrics)")
+    prefilter_extra: list[str] = Field(default_factory=list, description="more patterns to ship")
+    rules_dirs: list[Path] = Field(default_factory=lambda: [default_rules_dir()])
+    pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
+    status_host: str = "0.0.0.0"
+    status_port: int = 9401
+
+    def bearer(self) -> str | None:
+        """The token, from the file when one is given (re-read at start)."""
+        if self.token_file is not None:
+            return self.token_file.read_text().strip()
+        return self.token.get_secret_value() if self.token else None
+
+
+def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
+    """The rule packs' patterns as a prefilter; rules are validated here, so a bad pack stops start-up."""
+    if not settings.prefilter:
+        return None
+    rules = load_rules(settings.rules_dirs)
+    return RegexPrefilter([r.pattern for r in rules] + list(settings.prefilter_extra))
+
+
+def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
+    """An agent for these settings, resuming from the checkpoint in ``state_dir``."""
+    metrics = metrics or AgentMetrics()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    checkpoints = CheckpointStore(settings.state_dir / "checkpoints.json")
+    if checkpoints.recovered:
+        log.warning("checkpoint file was unreadable; re-reading logs (the service drops repeats)")
+    prefilter = build_prefilter(settings)
+    node = settings.node
+    sources: list[SignalSource] = []
+    meta = KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
+    sources.append(CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta, prefilter=prefilter,
+                                resume=checkpoints.section("container")))
+    if settings.kernel == "kmsg":
+        try:
+            sources.append(KmsgSource(node=node, path=settings.kmsg_path, boot_id_path=settings.boot_id_path,
+                                      resume=checkpoints.section("kernel"), prefilter=prefilter))
+        except OSError as exc:
+            log.warning("kernel log unavailable (%s): %s", settings.kmsg_path, exc)
+    elif settings.kernel == "file":
+        sources.append(KernLogSource(node=node, path=settings.kern_log, resume=checkpoints.section("kernel"),
+                                     prefilter=prefilter))
+    if settings.ib_root.is_dir():
+        sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
+    if settings.nvml:
+        nvml = NvmlSource(node=node, interval=settings.metrics_interval)
+        if nvml.available:
+            sources.append(nvml)
+    if settings.dcgm_url:
+        sources.append(DcgmSource(node=node, fetch=http_fetcher(settings.dcgm_url),
+                                  interval=settings.metrics_interval))
+    spool = DiskSpool(settings.state_dir / "spool", max_bytes=settings.spool_max_bytes)
+    shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics)
+    log.info("agent on %s: sources %s, prefilter %s", node, [s.name for s in sources],
+             prefilter.engine if prefilter else "off")
+    return Agent(sources=sources, shipper=shipper, checkpoints=checkpoints, metrics=metrics,
+                 batch_size=settings.batch_size, flush_interval=settings.flush_interval,
+                 poll_interval=settings.poll_interval)
+
+
+_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--node", {"help": "node name (NODE_NAME)"}),
+    ("--service-url", {"help": "kmend service base URL (KMEND_AGENT_SERVICE_URL)"}),
+    ("--token-file", {"type": Path, "help": "file with the bearer token (KMEND_AGENT_TOKEN_FILE)"}),
+    ("--state-dir", {"type": Path, "help": "checkpoints and spool (KMEND_AGENT_STATE_DIR)"}),
+    ("--spool-max-bytes", {"type": int, "help": "spool cap; oldest batches dropped past it"}),
+    ("--batch-size", {"type": int, "help": "signals per POST"}),
+    ("--flush-interval", {"type": float, "help": "seconds between POSTs when batches are small"}),
+    ("--poll-interval", {"type": float, "help": "seconds between reads of the sources"}),
+    ("--pods-root", {"type": Path, "help": "CRI container logs (/var/log/pods)"}),
+    ("--kernel", {"choices": ["kmsg", "file", "off"], "help": "kernel log from /dev/kmsg or kern.log"}),
+    ("--kmsg-path", {"type": Path, "help": "kmsg device"}),
+    ("--kern-log", {"type": Path, "help": "kern.log file (with --kernel file)"}),
+    ("--ib-root", {"type": Path, "help": "InfiniBand sysfs root"}),
+    ("--dcgm-url", {"help": "DCGM exporter /metrics URL"}),
+    ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
+    ("--status-port", {"type": int, "help": "port of /metrics and /healthz (0: off)"}),
+    ("--status-host", {"help": "address of /metrics and /healthz"}),
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the subcommand."""
+    p = sub.add_parser("agent", help="run the node agent (collect and ship signals)")
+    for flag, kw in _FLAGS:
+        p.add_argument(flag, **kw)
+    p.add_argument("--no-prefilter", dest="prefilter", action="store_false", default=None,
+                   help="ship every log line, not only rule candidates")
+    p.add_argument("--no-nvml", dest="nvml", action="store_false", default=None, help="do not use NVML")
+    p.add_argument("--no-pod-labels", dest="pod_labels", action="store_false", default=None,
+                   help="do not ask the API server for pod labels")
+    p.set_defaults(func=run)
+
+
+def settings_from(args: argparse.Namespace) -> AgentSettings:
+    """Environment first, flags override."""
+    keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels"]
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    return AgentSettings(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT; the last batch is flushed on the way out."""
+    settings = settings_from(args)
+    metrics = AgentMetrics()
+    agent = build_agent(settings, metrics=metrics)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = None
+    if settings.status_port:
+        server = start_status_server(metrics.registry, agent.healthy, host=settings.status_host,
+                                     port=settings.status_port)
+    try:
+        agent.run(stop)
+    finally:
+        if server is not None:
+            server.shutdown()
+    return 0

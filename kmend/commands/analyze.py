@@ -1,0 +1,143 @@
+"""`kmend analyze PATH...`: offline diagnosis of a log bundle.
+
+Reads files, directories (kernel logs, container logs, ``/var/log/pods`` trees, kubectl
+dumps) or ``-`` for stdin; prints the incidents the rule packs and the correlator find,
+as a table or as JSON. Only lines a rule matches become signals, so large bundles stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from analyzer.correlate import Correlator
+from analyzer.engine import MultiMatcher
+from analyzer.pipeline import Analyzer
+from analyzer.records import Finding, Incident
+from analyzer.rules import RuleError, default_rules_dir, load_rules
+from collector.bundle import BundleSource
+from collector.signal import LogLine, Signal
+
+BUNDLE_WINDOW_S = math.inf
+"""Default correlation window: a bundle is cut around one failure, and its files may mix
+dmesg boot-relative seconds with wall-clock stamps, so the whole bundle is one window."""
+
+BATCH_LINES = 65536
+"""Lines per scan of the multi-pattern engine."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``analyze`` subcommand to an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "analyze", help="diagnose a log bundle offline",
+        description="Diagnose GPU-cluster faults in log files, directories or stdin (-).",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="file, directory or - for stdin")
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
+    p.add_argument("--node", help="node name for files whose path does not say")
+    p.add_argument("--job", help="job name (default: derived from the pod name)")
+    p.add_argument("--rules", action="append", type=Path, metavar="PATH",
+                   help="rule pack file or directory (repeatable; default: the shipped packs)")
+    p.add_argument("--window", type=float, default=None, metavar="SECONDS",
+                   help="how far apart a cause and its symptoms may be (default: the whole bundle)")
+    p.set_defaults(func=run)
+
+
+def collect(source: BundleSource, engine: MultiMatcher) -> tuple[list[Signal], set[tuple[str, str]]]:
+    """Signals for the lines some rule matches, and the (job, node) placements the bundle shows."""
+    signals: list[Signal] = []
+    placements: set[tuple[str, str]] = set()
+    for f in source.files():
+        fl = source.lines(f)
+        hit_lines: set[int] = set()
+        for start in range(0, len(fl.texts), BATCH_LINES):
+            for hit in engine.scan(fl.texts[start:start + BATCH_LINES]):
+                hit_lines.add(start + hit.line)
+        file_signals = [source.signal(fl, i) for i in sorted(hit_lines)]
+        signals.extend(file_signals)
+        # A pod's log shows where its job ran even when none of its lines matched a rule.
+        probe = file_signals[:1] or ([source.signal(fl, 0)] if fl.texts else [])
+        for sig in probe:
+            line = sig.payload
+            if isinstance(line, LogLine) and line.job and sig.node != "unknown":
+                placements.add((line.job, sig.node))
+    signals.sort(key=lambda s: s.ts)
+    return signals, placements
+
+
+def diagnose(args: argparse.Namespace) -> list[Incident]:
+    """Incidents of the bundle named by the parsed arguments."""
+    rules = load_rules(args.rules or [default_rules_dir()])
+    correlator = Correlator(window_s=args.window if args.window is not None else BUNDLE_WINDOW_S, bundle=True)
+    analyzer = Analyzer(rules, correlator=correlator)
+    source = BundleSource(args.paths, node=args.node, job=args.job)
+    signals, placements = collect(source, MultiMatcher(rules))
+    for job, node in sorted(placements):
+        correlator.observe_placement(job, node)
+    analyzer.process(signals)
+    return correlator.incidents()
+
+
+def _finding_json(f: Finding) -> dict[str, Any]:
+    w = f.where
+    return {
+        "rule_id": f.rule_id, "fault_class": f.fault_class.value, "severity": f.severity.value,
+        "hardware": f.hardware, "recommended_action": f.recommended_action.value, "ts": f.ts,
+        "node": w.node, "gpu": w.gpu, "pci": w.pci, "port": w.port, "rank": w.rank, "job": w.job,
+        "message": f.message, "fields": dict(f.fields), "evidence": list(f.evidence),
+    }
+
+
+def incident_json(inc: Incident) -> dict[str, Any]:
+    """One incident in the documented CLI JSON shape."""
+    rc = inc.root_cause
+    return {
+        "fault_class": inc.fault_class.value,
+        "hardware": inc.hardware,
+        "recommended_action": inc.recommended_action.value,
+        "root_cause": {"node": rc.node, "gpu": rc.gpu, "pci": rc.pci, "rank": rc.rank, "job": rc.job},
+        "findings": [_finding_json(f) for f in inc.findings],
+    }
+
+
+def render_table(incidents: Sequence[Incident]) -> str:
+    """Human-readable summary: one row per incident, its first evidence line under it."""
+    if not incidents:
+        return "no incidents found"
+    head = ("#", "FAULT CLASS", "HW", "ACTION", "NODE", "GPU/PCI", "RANK", "JOB", "FINDINGS", "ROOT RULE")
+    rows = []
+    for n, inc in enumerate(incidents, 1):
+        rc = inc.root_cause
+        rows.append((
+            str(n), inc.fault_class.value, "yes" if inc.hardware else "no", inc.recommended_action.value,
+            rc.node or "-", rc.pci or rc.gpu or "-", "-" if rc.rank is None else str(rc.rank),
+            rc.job or "-", str(len(inc.findings)), inc.root_finding.rule_id,
+        ))
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]
+    lines.append("")
+    for n, inc in enumerate(incidents, 1):
+        lines.append(f"#{n} {inc.root_finding.message[:160]}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``kmend analyze``; returns the process exit code."""
+    try:
+        incidents = diagnose(args)
+    except RuleError as exc:
+        print(f"kmend analyze: bad rule pack: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kmend analyze: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps({"incidents": [incident_json(i) for i in incidents]}, indent=2))
+    else:
+        print(render_table(incidents))
+    return 0

@@ -1,0 +1,351 @@
+"""A small Kubernetes API server on loopback, for running KubeCluster through the real client.
+
+It implements just what the Cluster and PodScheduling ports use, with the behaviour of
+../shared/KUBERNETES-API.md: strategic-merge patches on nodes (taints replaced
+whole, a stale ``metadata.resourceVersion`` gets 409), node conditions only
+through ``/status`` (merged by type; a plain patch ignores ``status``), events
+with ``generateName``; pods listed with field selectors and ``limit``/``continue``
+pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
+the UID precondition fails), deleted by setting ``deletionTimestamp`` while
+bound; PodGroup custom objects once their CRD is installed. Errors can be
+queued per method and path to test retries.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import threading
+import uuid
+from collections import deque
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs
+
+
+class FakeApiServer:
+    """Serve on 127.0.0.1:<free port>; `url` is the base URL for a kubeconfig/Configuration."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.custom: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
+        self.bodies: list[tuple[str, str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str]] = []
+        self._rv = itertools.count(100)
+        self._errors: deque[tuple[str, re.Pattern[str], int, str]] = deque()
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"null")
+                path, _, qs = self.path.partition("?")
+                query = {k: v[-1] for k, v in parse_qs(qs, keep_blank_values=True).items()}
+                code, out = server.handle(method, path, body, self.headers.get("Content-Type", ""), query)
+                self._send(code, out)
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_PATCH(self) -> None:
+                self._handle("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeApiServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- test controls -------------------------------------------------------------
+
+    def fail(self, method: str, path_regex: str, status: int, message: str = "injected") -> None:
+        """Answer the next matching request with this status."""
+        self._errors.append((method, re.compile(path_regex), status, message))
+
+    def add_pod(self, namespace: str, name: str, *, scheduler: str = "default-scheduler", node: str = "",
+                requests: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create a pod directly (as a controller would) and return the stored object."""
+        with self._lock:
+            pod = {"kind": "Pod", "apiVersion": "v1",
+                   "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                                "labels": labels or {}, "resourceVersion": str(next(self._rv)),
+                                "creationTimestamp": _now()},
+                   "spec": {"schedulerName": scheduler,
+                            "containers": [{"name": "c", "image": "busybox",
+                                            "resources": {"requests": requests or {}}}]},
+                   "status": {"phase": "Pending"}}
+            if node:
+                pod["spec"]["nodeName"] = node
+            self.pods[(namespace, name)] = pod
+            return copy.deepcopy(pod)
+
+    def finish_termination(self, namespace: str, name: str) -> None:
+        """The kubelet finished a terminating pod: the object goes."""
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            if pod is not None and pod["metadata"].get("deletionTimestamp"):
+                del self.pods[(namespace, name)]
+
+    def install_crd(self, group: str, version: str) -> None:
+        """Serve ``podgroups`` of ``group/version`` (an uninstalled CRD answers 404)."""
+        self.custom.setdefault((group, version), {})
+
+    def add_custom(self, group: str, version: str, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        """Create a PodGroup of an installed CRD."""
+        self.custom[(group, version)][(namespace, name)] = {
+            "apiVersion": f"{group}/{version}", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "annotations": {},
+                         "creationTimestamp": _now(), "resourceVersion": str(next(self._rv))},
+            "spec": spec}
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        """Create a Ready node directly (as if a kubelet had registered it)."""
+        self.handle("POST", "/api/v1/nodes", {"metadata": {"name": name, "labels": labels or {}}}, "")
+        self.nodes[name]["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+        self.nodes[name]["spec"]["taints"] = []
+
+    # -- the API -------------------------------------------------------------------
+
+    @staticmethod
+    def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
+        return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                      "message": message, "code": code}
+
+    def handle(self, method: str, path: str, body: Any, ctype: str,
+               query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.requests.append((method, path))
+            self.bodies.append((method, path, body))
+            for i, (m, rx, code, msg) in enumerate(self._errors):
+                if m == method and rx.search(path):
+                    del self._errors[i]
+                    return self._status(code, "Injected", msg)
+            pods = _pod_routes(self, method, path, body, ctype, query or {})
+            if pods is not None:
+                return pods
+            return self._route(method, path, body, ctype)
+
+    def _route(self, method: str, path: str, body: Any, ctype: str) -> tuple[int, dict[str, Any]]:
+        if path == "/api/v1/nodes":
+            if method == "GET":
+                return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+                             "items": [copy.deepcopy(n) for n in self.nodes.values()]}
+            if method == "POST":
+                name = body["metadata"]["name"]
+                if name in self.nodes:
+                    return self._status(409, "AlreadyExists", f'nodes "{name}" already exists')
+                node = {"kind": "Node", "apiVersion": "v1",
+                        "metadata": {"name": name, "uid": str(uuid.uuid4()),
+                                     "labels": body["metadata"].get("labels", {}),
+                                     "resourceVersion": str(next(self._rv))},
+                        "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
+                        "status": {"conditions": []}}
+                self.nodes[name] = node
+                return 201, copy.deepcopy(node)
+        m = re.fullmatch(r"/api/v1/nodes/([^/]+)(/status)?", path)
+        if m:
+            name, status = m.group(1), bool(m.group(2))
+            node = self.nodes.get(name)
+            if node is None:
+                return self._status(404, "NotFound", f'nodes "{name}" not found')
+            if method == "GET":
+                return 200, copy.deepcopy(node)
+            if method == "DELETE":
+                del self.nodes[name]
+                return 200, {"kind": "Status", "status": "Success"}
+            if method == "PATCH":
+                if "strategic-merge-patch" not in ctype and "merge-patch" not in ctype:
+                    return self._status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
+                return self._patch_node(node, body, status)
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path)
+        if m and method == "POST":
+            ev = copy.deepcopy(body)
+            meta = ev.setdefault("metadata", {})
+            meta["name"] = meta.get("name") or meta.pop("generateName", "event-") + uuid.uuid4().hex[:5]
+            meta["namespace"] = m.group(1)
+            if not ev.get("involvedObject", {}).get("name"):
+                return self._status(422, "Invalid", "involvedObject.name: Required value")
+            self.events.append(ev)
+            return 201, ev
+        return self._status(404, "NotFound", f"the server could not find the requested resource {path}")
+
+    def _patch_node(self, node: dict[str, Any], body: dict[str, Any], status: bool) -> tuple[int, dict[str, Any]]:
+        want_rv = body.get("metadata", {}).get("resourceVersion")
+        if want_rv is not None and want_rv != node["metadata"]["resourceVersion"]:
+            name = node["metadata"]["name"]
+            return self._status(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": the object has '
+                                "been modified; please apply your changes to the latest version and try again")
+        if status:
+            conds = {c["type"]: c for c in node["status"].get("conditions", [])}
+            for c in body.get("status", {}).get("conditions", []):
+                conds[c["type"]] = {**conds.get(c["type"], {}), **c}
+            node["status"]["conditions"] = list(conds.values())
+            if conds.get("Ready", {}).get("status") == "True":
+                node["spec"]["taints"] = [t for t in node["spec"].get("taints", [])
+                                          if t["key"] != "node.kubernetes.io/not-ready"]
+        else:
+            spec = body.get("spec", {})
+            if "unschedulable" in spec:
+                node["spec"]["unschedulable"] = bool(spec["unschedulable"])
+            if "taints" in spec:
+                for t in spec["taints"]:
+                    if set(t) - {"key", "value", "effect", "timeAdded"}:
+                        return self._status(400, "BadRequest", f"unknown field in taint: {sorted(t)}")
+                node["spec"]["taints"] = spec["taints"]
+            for key in ("labels", "annotations"):
+                if key in body.get("metadata", {}):
+                    merged = {**node["metadata"].get(key, {}), **body["metadata"][key]}
+                    node["metadata"][key] = {k: v for k, v in merged.items() if v is not None}
+        node["metadata"]["resourceVersion"] = str(next(self._rv))
+        return 200, copy.deepcopy(node)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
+    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                  "message": message, "code": code}
+
+
+_FIELDS = {"spec.schedulerName": lambda p: p["spec"].get("schedulerName", ""),
+           "spec.nodeName": lambda p: p["spec"].get("nodeName", ""),
+           "status.phase": lambda p: p.get("status", {}).get("phase", ""),
+           "metadata.name": lambda p: p["metadata"]["name"],
+           "metadata.namespace": lambda p: p["metadata"]["namespace"]}
+
+
+def _selector(text: str) -> tuple[list[tuple[str, bool, str]], str]:
+    """Parse ``a=b,c!=d``; the error names an unsupported field as the API server does."""
+    terms: list[tuple[str, bool, str]] = []
+    for part in filter(None, text.split(",")):
+        negate = "!=" in part
+        key, _, value = part.partition("!=" if negate else "=")
+        key = key.rstrip("=")
+        value = value.lstrip("=")
+        if key not in _FIELDS:
+            return [], f'field label not supported: {key}'
+        terms.append((key, negate, value))
+    return terms, ""
+
+
+def _page(items: list[dict[str, Any]], kind: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    start = int(query.get("continue") or 0)
+    limit = int(query.get("limit") or 0)
+    end = start + limit if limit else len(items)
+    meta: dict[str, Any] = {"resourceVersion": "1"}
+    if end < len(items):
+        meta["continue"] = str(end)
+    return 200, {"kind": kind, "apiVersion": "v1", "metadata": meta,
+                 "items": [copy.deepcopy(x) for x in items[start:end]]}
+
+
+def _pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: str,
+                query: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
+    """Pods, bindings and PodGroups; None for paths the node routes serve. Caller holds the lock."""
+    if path == "/api/v1/pods" and method == "GET":
+        terms, error = _selector(query.get("fieldSelector", ""))
+        if error:
+            return _status(400, "BadRequest", error)
+        items = [p for _, p in sorted(server.pods.items())
+                 if all((_FIELDS[k](p) == v) != neg for k, neg, v in terms)]
+        return _page(items, "PodList", query)
+    if path == "/api/v1/nodes" and method == "GET":
+        return _page([server.nodes[n] for n in sorted(server.nodes)], "NodeList", query)
+    m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?", path)
+    if m:
+        key = (m.group(1), m.group(2))
+        pod = server.pods.get(key)
+        if pod is None:
+            return _status(404, "NotFound", f'pods "{key[1]}" not found')
+        if m.group(3) and method == "POST":
+            return _bind(pod, body)
+        if not m.group(3) and method == "GET":
+            return 200, copy.deepcopy(pod)
+        if not m.group(3) and method == "DELETE":
+            want = ((body or {}).get("preconditions") or {}).get("uid")
+            if want and want != pod["metadata"]["uid"]:
+                return _status(409, "Conflict", f"Precondition failed: UID in precondition: {want}, "
+                                                f"UID in object meta: {pod['metadata']['uid']}")
+            if pod["spec"].get("nodeName") and pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                # A kubelet must stop it first: the object stays, terminating, with its resources.
+                pod["metadata"].setdefault("deletionTimestamp", _now())
+                pod["metadata"].setdefault("deletionGracePeriodSeconds", 30)
+            else:
+                del server.pods[key]
+            return 200, copy.deepcopy(pod)
+        return _status(405, "MethodNotAllowed", f"{method} is not supported on {path}")
+    m = re.fullmatch(r"/apis/([^/]+)/([^/]+)(?:/namespaces/([^/]+))?/podgroups(?:/([^/]+))?(/status)?", path)
+    if m:
+        store = server.custom.get((m.group(1), m.group(2)))
+        if store is None:
+            return _status(404, "NotFound", f"the server could not find the requested resource {path}")
+        if m.group(4) is None and method == "GET":
+            items = [g for (ns, _), g in sorted(store.items()) if m.group(3) in (None, ns)]
+            return _page(items, "PodGroupList", query)
+        group = store.get((m.group(3) or "", m.group(4) or ""))
+        if group is None:
+            return _status(404, "NotFound", f'podgroups.{m.group(1)} "{m.group(4)}" not found')
+        if method == "PATCH":
+            if "merge-patch" not in ctype:
+                return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
+            part = "status" if m.group(5) else "metadata"
+            if part == "status":
+                group["status"] = {**group.get("status", {}), **(body or {}).get("status", {})}
+            else:
+                notes = {**group["metadata"].get("annotations", {}),
+                         **((body or {}).get("metadata") or {}).get("annotations", {})}
+                group["metadata"]["annotations"] = {k: v for k, v in notes.items() if v is not None}
+            return 200, copy.deepcopy(group)
+        if method == "GET":
+            return 200, copy.deepcopy(group)
+    return None
+
+
+def _bind(pod: dict[str, Any], body: Any) -> tuple[int, dict[str, Any]]:
+    name = pod["metadata"]["name"]
+    target = (body or {}).get("target") or {}
+    if not target.get("name"):
+        return _status(422, "Invalid", "target.name: Required value")
+    want = ((body or {}).get("metadata") or {}).get("uid")
+    if want and want != pod["metadata"]["uid"]:
+        return _status(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": the UID in the '
+                                        f"precondition ({want}) does not match the UID in record "
+                                        f"({pod['metadata']['uid']}). The object might have been deleted and "
+                                        "then recreated")
+    if pod["metadata"].get("deletionTimestamp"):
+        return _status(409, "Conflict", f"pod {name} is being deleted, cannot be assigned to a host")
+    if pod["spec"].get("nodeName"):
+        return _status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+    pod["spec"]["nodeName"] = target["name"]
+    return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}

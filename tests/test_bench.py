@@ -1,0 +1,23 @@
+"""The rule benchmark runs end to end on a small mix and prints one JSON object per result."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_rule_benchmark_prints_one_json_object_per_result() -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/rules.py", "--mb", "0.5", "--naive-mb", "0.05"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=True,
+    )
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["input"] for r in results] == ["file bytes", "list of str lines", "list of str lines"]
+    fast, lines, naive = results
+    assert fast["findings"] == lines["findings"] == fast["fault_lines"] > 0
+    assert naive["measured_on_subset"] is True
+    assert all(r["mb_per_s_per_core"] > 0 and r["lines_per_s_per_core"] > 0 for r in results)
