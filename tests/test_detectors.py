@@ -110,6 +110,16 @@ def test_one_stall_is_reported_once_and_a_new_stall_again() -> None:
     assert len(found) == 2 and len({f.id for f in found}) == 2
 
 
+def test_a_job_silent_for_a_day_is_forgotten_after_its_hang_was_reported() -> None:
+    job = TraceJob("j", world=4, step_s=1.0, seed=12)
+    suite = DetectorSuite(forget_after_s=3600)
+    for _, sigs in job.run(10):
+        suite.observe(sigs)
+    assert [f.fault_class for f in suite.evaluate(job.ts + 60)] == [FaultClass.HANG]
+    assert "j" in suite.book.jobs
+    assert suite.evaluate(job.ts + 7200) == [] and "j" not in suite.book.jobs
+
+
 def test_hang_floor_and_k_are_settings() -> None:
     job = TraceJob("j", world=4, step_s=0.1, seed=7)
     batches = job.run(30)

@@ -172,6 +172,14 @@ class JobBook:
         """Drop a job (it was deleted or restarted under the same name)."""
         self.jobs.pop(job, None)
 
+    def expire(self, now: float, idle_s: float) -> list[str]:
+        """Drop jobs with no progress for `idle_s` (finished, deleted or long dead); returns their names."""
+        gone = [name for name, job in self.jobs.items()
+                if job.ranks and now - max(max(r.last_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
+        for name in gone:
+            del self.jobs[name]
+        return gone
+
 
 def _own_time(ev: ProgressEvent, derived: float | None) -> tuple[float | None, str]:
     ph = ev.phases

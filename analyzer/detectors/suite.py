@@ -19,12 +19,15 @@ class DetectorSuite:
     """Progress extraction, the shared job book, and the hang, straggler and Flight Recorder detectors."""
 
     def __init__(self, progress_rules: Sequence[ProgressRule] = (), *, hang: HangConfig | None = None,
-                 straggler: StragglerConfig | None = None, flight_recorder_settle_s: float = 10.0) -> None:
+                 straggler: StragglerConfig | None = None, flight_recorder_settle_s: float = 10.0,
+                 forget_after_s: float = 86400.0) -> None:
         self.extractor = ProgressExtractor(progress_rules)
         self.book = JobBook()
         self.hang = HangDetector(self.book, hang)
         self.straggler = StragglerDetector(self.book, straggler)
         self.flight_recorder = FlightRecorderDetector(settle_s=flight_recorder_settle_s)
+        self.forget_after_s = forget_after_s
+        """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
         """Latest signal time seen (event time: replayed traces judge by their own clock)."""
 
@@ -49,6 +52,7 @@ class DetectorSuite:
     def evaluate(self, now: float) -> list[Finding]:
         """Every detector's findings at `now`; each finding is emitted once."""
         found = self.hang.evaluate(now) + self.straggler.evaluate(now)
+        self.book.expire(now, self.forget_after_s)
         for f in self.flight_recorder.evaluate(now):
             found.append(self._placed(f))
         return found
