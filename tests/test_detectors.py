@@ -14,7 +14,7 @@ from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
 from analyzer.records import Action, FaultClass, Finding
-from collector.signal import MetricSample, Signal, Source
+from collector.signal import MetricSample, ProgressSample, Signal, Source
 from models.isolation import NodeOutlierModel
 from models.robust import RobustScorer
 from sim.traces import Batch, Straggle, TraceJob
@@ -154,6 +154,27 @@ def test_a_one_off_blip_is_not_a_straggler() -> None:
         suite.observe(sigs)
         found.extend(suite.evaluate(t))
     assert found == []
+
+
+def test_hook_phases_replace_the_log_lines_step_time_whichever_arrives_first(
+    progress_rules: list[ProgressRule],
+) -> None:
+    suite = DetectorSuite(progress_rules)
+    job = TraceJob("j", world=4, seed=13)
+    for step in range(1, 5):
+        job.step = step
+        log = job.log(0, float(step), f"step {step} loss 0.5 step_time=0.9")
+        hook = job.progress(0, float(step), step_time=0.9, compute=0.3)
+        suite.observe([log, hook] if step % 2 else [hook, log])
+    # A later step's log line may also come before this step's hook report.
+    job.step = 5
+    log5 = job.log(0, 5.0, "step 5 loss 0.5 step_time=0.9")
+    log6 = job.log(0, 6.0, "step 6 loss 0.5 step_time=0.9")
+    hook5 = job.progress(0, 6.0, step_time=0.9, compute=0.4)
+    assert isinstance(hook5.payload, ProgressSample) and hook5.payload.step == 5
+    suite.observe([log5, log6, hook5])
+    rank = suite.book.jobs["j"].ranks[0]
+    assert rank.basis == "compute" and list(rank.times) == [0.3, 0.3, 0.3, 0.3, 0.4]
 
 
 def _gpu(node: str, gpu: int, name: str, value: float, ts: float) -> Signal:

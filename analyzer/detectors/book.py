@@ -48,10 +48,17 @@ class RankState:
     """Evidence: the signal of the last advance."""
     times: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     """Per-step own-work seconds (compute phases, else step time), newest last."""
-    basis: str = "step_time"
-    """What `times` measures: ``compute`` (from phases) or ``step_time``."""
-    phased: bool = False
-    """Whether the last step's sample came with phases (the hook's, preferred over a log line's)."""
+    has_phases: bool = False
+    """The rank reports phases (the hook): then only phased samples enter `times`, never a log line's."""
+    sample_step: int = -1
+    """Step of the newest sample in `times`."""
+    sample_phased: bool = False
+    """Whether that sample came with phases."""
+
+    @property
+    def basis(self) -> str:
+        """What `times` measures: ``compute`` (from phases) or ``step_time``."""
+        return "compute" if self.has_phases else "step_time"
 
 
 @dataclass(slots=True)
@@ -122,11 +129,7 @@ class JobBook:
             derived = gap / steps
         else:
             derived = None
-        own, basis = _own_time(ev, derived)
-        if own is not None:
-            rank.times.append(own)
-            rank.basis = basis
-        rank.phased = bool(ev.phases)
+        self._sample(rank, ev, derived)
         step_time = ev.step_time if ev.step_time is not None else derived
         if step_time is not None:
             job.step_times.append(step_time)
@@ -140,17 +143,30 @@ class JobBook:
             job.paused_at = None  # a step after the one the pause followed: the pause is over
 
     @staticmethod
-    def _refine(rank: RankState, ev: ProgressEvent) -> None:
-        # The same step from the hook after the log line: its phases measure this rank's own work better.
-        if ev.step == rank.last_step and ev.phases and not rank.phased:
-            own, basis = _own_time(ev, None)
-            if own is not None and basis == "compute":
-                if rank.times:
-                    rank.times[-1] = own
-                else:
-                    rank.times.append(own)
-                rank.basis = basis
-                rank.phased = True
+    def _sample(rank: RankState, ev: ProgressEvent, derived: float | None) -> None:
+        own, basis = _own_time(ev, derived)
+        if own is None:
+            return
+        phased = basis == "compute"
+        if not phased and rank.has_phases:
+            return  # the hook reports this rank's steps; a log line's time would mix two measures
+        if phased and not rank.has_phases:
+            rank.times.clear()  # from now on, own work only
+            rank.has_phases = True
+        rank.times.append(own)
+        rank.sample_step, rank.sample_phased = ev.step if ev.step is not None else -1, phased
+
+    def _refine(self, rank: RankState, ev: ProgressEvent) -> None:
+        # The hook's report of a step whose log line (or a later step's) came first: its phases
+        # measure this rank's own work, so it still counts.
+        if not ev.phases or ev.step is None or ev.step < rank.sample_step:
+            return
+        if ev.step == rank.sample_step:
+            if rank.sample_phased:
+                return  # already have it
+            if rank.times:
+                rank.times.pop()
+        self._sample(rank, ev, None)
 
     def observe_metric(self, sig: Signal) -> None:
         """Keep the latest value of the GPU/NIC metrics the detectors use."""

@@ -32,7 +32,8 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     log = open(Path(env["KMEND_TEST_LOG_DIR"]) / f"rank{rank}.log", "a", buffering=1)  # noqa: SIM115
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    # Enough work per step (tens of ms) that CPU time-slicing between the ranks is small beside it.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     slow_rank, slow_s = int(env.get("KMEND_TEST_SLOW_RANK", "-1")), float(env.get("KMEND_TEST_SLOW_S", "0"))
     hang_rank, hang_step = int(env.get("KMEND_TEST_HANG_RANK", "-1")), int(env.get("KMEND_TEST_HANG_STEP", "-1"))
@@ -42,7 +43,7 @@ def main() -> None:
             if rank == hang_rank and step == hang_step:
                 time.sleep(3600)  # stuck before its next collective (a data loader that never returns)
             t0 = time.monotonic()
-            x = torch.randn(256, 64)
+            x = torch.randn(1024, 256)
             loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
