@@ -71,6 +71,17 @@ class NodeInfo:
     """Node labels (topology, spare pool, opt-out)."""
     conditions: tuple[Condition, ...] = ()
     """Node conditions."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """Node annotations (who/why/when of a quarantine, repair requests)."""
+
+    def taint(self, key: str) -> Taint | None:
+        """The first taint with this key, if any."""
+        return next((t for t in self.taints if t.key == key), None)
+
+    @property
+    def ready(self) -> bool:
+        """The kubelet reports Ready=True."""
+        return any(c.type == "Ready" and c.status == "True" for c in self.conditions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +96,8 @@ class ClusterEvent:
     """Message."""
     type: str = "Warning"
     """``Normal`` or ``Warning``."""
+    key: str = ""
+    """Idempotency key (the step id): an event with a key already recorded is not recorded again."""
 
 
 @runtime_checkable
@@ -97,7 +110,9 @@ class Cluster(Protocol):
     - ``NotFoundError`` for a missing node, ``TemporaryError`` for conditions a
       retry can fix (conflicts, throttling, server errors), ``PermanentError``
       for the rest;
-    - a taint or condition write replaces only its own key/type, never others'.
+    - a taint or condition write replaces only its own key/type, never others';
+    - ``patch_node_metadata`` touches only the keys it names (None removes a key);
+    - an event with a ``key`` is recorded at most once (a retry after a crash finds it).
     """
 
     def list_nodes(self) -> Sequence[NodeInfo]:
@@ -130,4 +145,9 @@ class Cluster(Protocol):
 
     def emit_event(self, event: ClusterEvent) -> None:
         """Record a Kubernetes Event on the node."""
+        ...
+
+    def patch_node_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
+                            annotations: Mapping[str, str | None] | None = None) -> None:
+        """Set (or, with None, remove) these labels and annotations, leaving the others alone."""
         ...

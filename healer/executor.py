@@ -1,7 +1,9 @@
-"""Plan execution: every step journaled before it runs and after, so a crash resumes.
+"""Plan execution: every step journaled before it runs and after, so a crash resumes and nothing runs twice.
 
-Steps are idempotent through the Cluster port, so a step found RUNNING in the
-journal after a crash is simply run again: it cannot apply twice.
+A step found RUNNING or WAITING in the journal after a crash is run again: steps are idempotent through
+the ports (and keyed by their step id where the API is not), so it cannot apply twice. Before each step
+the executor checks that this replica still leads, that nobody uncordoned the node by hand, and the
+safety brakes.
 """
 
 from __future__ import annotations
@@ -12,18 +14,42 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from healer.cluster import Cluster, ClusterEvent, Condition, PermanentError, Taint, TemporaryError
-from healer.notify import Notifier
-from healer.records import ActionStep, Mode, Plan, PlanState, StepKind, StepState
+from healer.cluster import NotFoundError, PermanentError, TemporaryError
+from healer.keys import QUARANTINE_PLAN
+from healer.notify import Announcement
+from healer.records import (
+    DONE_STEP_STATES,
+    FINAL_PLAN_STATES,
+    ActionStep,
+    Mode,
+    Plan,
+    PlanState,
+    StepKind,
+    StepState,
+)
+from healer.safety import Guard, VerdictKind
+from healer.steps import checkpoint, drain, node, repair, restart, spare
+from healer.steps.base import StepContext, StepRunner
 
 log = logging.getLogger("kmend.healer")
+
+RUNNERS: dict[StepKind, StepRunner] = {
+    **node.RUNNERS,
+    StepKind.DRAIN: drain.drain,
+    StepKind.SPARE_SWAP: spare.spare_swap,
+    StepKind.CHECKPOINT: checkpoint.checkpoint,
+    StepKind.RESTART_JOB: restart.restart_job,
+    StepKind.REPAIR: repair.repair,
+    StepKind.VALIDATE: repair.validate,
+}
+"""Every step kind's runner."""
 
 
 class Journal(Protocol):
     """Durable record of plans and steps.
 
-    Guarantees: ``save_step`` is durable when it returns (the service's store
-    commits); ``save_plan`` stores the plan with all its steps' current states.
+    Guarantees: ``save_step`` is durable when it returns (the service's store commits); ``save_plan``
+    stores the plan with all its steps' current states.
     """
 
     def save_plan(self, plan: Plan) -> None:
@@ -31,71 +57,140 @@ class Journal(Protocol):
         ...
 
     def save_step(self, plan_id: str, step: ActionStep) -> None:
-        """Update one step's state and result."""
+        """Update one step's state, result and outputs."""
         ...
 
 
 StepObserver = Callable[[Plan, ActionStep], None]
+PlanObserver = Callable[[Announcement, Plan], None]
 
 
 class PlanExecutor:
-    """Runs plans step by step through the Cluster port."""
+    """Runs plans step by step through the ports."""
 
     def __init__(
         self,
-        cluster: Cluster,
+        ctx: StepContext,
         journal: Journal,
-        notifier: Notifier,
         *,
+        guard: Guard | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
         max_attempts: int = 5,
+        give_up_s: float = 600.0,
         sleep: Callable[[float], None] = time.sleep,
         on_step: StepObserver | None = None,
+        on_plan: PlanObserver | None = None,
     ) -> None:
-        self.cluster = cluster
+        self.ctx = ctx
         self.journal = journal
-        self.notifier = notifier
+        self.guard = guard
+        self.is_leader = is_leader
         self.max_attempts = max_attempts
+        self.give_up_s = give_up_s
         self.sleep = sleep
         self.on_step = on_step
+        self.on_plan = on_plan
 
     def execute(self, plan: Plan) -> Plan:
-        """Run every unfinished step in order; stops at the first failed step."""
+        """Run every unfinished step in order; stops at a waiting, failed or blocked step."""
+        if plan.state in FINAL_PLAN_STATES:
+            return plan
         if plan.mode is Mode.DRY_RUN:
-            skipped = tuple(replace(s, state=StepState.SKIPPED, result="dry-run") for s in plan.steps)
+            skipped = tuple(replace(s, state=StepState.SKIPPED, result="dry-run: would " + describe(s))
+                            for s in plan.steps)
             done = replace(plan, steps=skipped, state=PlanState.DRY_RUN)
             self.journal.save_plan(done)
             return done
-        plan = replace(plan, state=PlanState.RUNNING)
-        self.journal.save_plan(plan)
-        steps: list[ActionStep] = list(plan.steps)
+        if plan.state is not PlanState.RUNNING:
+            plan = replace(plan, state=PlanState.RUNNING, reason=plan.reason.split(" | blocked:")[0])
+            self.journal.save_plan(plan)
+        steps = list(plan.steps)
         for i, step in enumerate(steps):
-            if step.state in (StepState.SUCCEEDED, StepState.SKIPPED):
+            if step.state in DONE_STEP_STATES:
                 continue
-            running = replace(step, state=StepState.RUNNING)
-            self.journal.save_step(plan.id, running)
-            finished = self._run(running)
-            steps[i] = finished
-            self.journal.save_step(plan.id, finished)
-            plan = replace(plan, steps=tuple(steps))
+            if not self.is_leader():
+                return plan
+            if (why := self._taken_back(plan, step)) is not None:
+                return self._finish(plan, PlanState.CANCELLED, Announcement.PLAN_FAILED, why)
+            if self.guard is not None:
+                verdict = self.guard.check(plan, step)
+                if verdict.kind is VerdictKind.BLOCK:
+                    blocked = replace(plan, state=PlanState.BLOCKED,
+                                      reason=f"{plan.reason} | blocked: {verdict.reason}")
+                    self.journal.save_plan(blocked)
+                    if self.on_plan:
+                        if verdict.tripped:
+                            self.on_plan(Announcement.BREAKER_TRIPPED, blocked)
+                        self.on_plan(Announcement.PLAN_BLOCKED, blocked)
+                    return blocked
+                if verdict.kind is VerdictKind.WAIT:
+                    if step.result != verdict.reason:
+                        step = replace(step, state=StepState.WAITING, result=verdict.reason)
+                        self.journal.save_step(plan.id, step)
+                        steps[i] = step
+                    return replace(plan, steps=tuple(steps))
+            finished = step
+            for _ in range(50):  # a waiting step that made progress runs again at once
+                before = finished
+                self.journal.save_step(plan.id, replace(finished, state=StepState.RUNNING))
+                finished = self._run(replace(finished, state=StepState.RUNNING), plan)
+                self.journal.save_step(plan.id, finished)
+                steps[i] = finished
+                plan = replace(plan, steps=tuple(steps))
+                if finished.state is not StepState.WAITING or finished.outputs == before.outputs:
+                    break
+                if not self.is_leader():
+                    return plan
             if self.on_step:
                 self.on_step(plan, finished)
             if finished.state is StepState.FAILED:
-                plan = replace(plan, state=PlanState.FAILED)
-                self.journal.save_plan(plan)
+                return self._finish(plan, PlanState.FAILED, Announcement.PLAN_FAILED,
+                                    f"step {finished.kind.value} failed: {finished.result}")
+            if finished.state is StepState.WAITING:
                 return plan
-        plan = replace(plan, state=PlanState.SUCCEEDED)
+        return self._finish(plan, PlanState.SUCCEEDED, Announcement.PLAN_DONE, "")
+
+    def _finish(self, plan: Plan, state: PlanState, what: Announcement, why: str) -> Plan:
+        plan = replace(plan, state=state, reason=f"{plan.reason} | {why}" if why else plan.reason)
         self.journal.save_plan(plan)
+        if self.on_plan:
+            self.on_plan(what, plan)
         return plan
 
-    def _run(self, step: ActionStep) -> ActionStep:
+    def _taken_back(self, plan: Plan, step: ActionStep) -> str | None:
+        """A person uncordoned the node kmend quarantined: the plan for that node stops there."""
+        cordoned = any(s.kind is StepKind.CORDON and s.state is StepState.SUCCEEDED for s in plan.steps)
+        if not cordoned or step.kind is StepKind.RETURN or not plan.node:
+            return None
+        try:
+            info = self.ctx.cluster.get_node(plan.node)
+        except NotFoundError:
+            return f"node {plan.node} no longer exists"
+        except TemporaryError:
+            return None
+        if not info.unschedulable and info.annotations.get(QUARANTINE_PLAN, plan.id) == plan.id:
+            return f"node {plan.node} was uncordoned by hand: plan cancelled"
+        return None
+
+    def _run(self, step: ActionStep, plan: Plan) -> ActionStep:
+        runner = RUNNERS.get(step.kind)
+        if runner is None:
+            return replace(step, state=StepState.FAILED, result=f"unknown step kind {step.kind}")
         delay = 0.2
+        now = self.ctx.clock()
         for attempt in range(1, self.max_attempts + 1):
             try:
-                result = self._apply(step)
-                return replace(step, state=StepState.SUCCEEDED, result=result)
+                out = runner(step, plan, self.ctx)
+                outputs = {k: v for k, v in {**step.outputs, **out.outputs}.items() if k != "temporary_since"}
+                return replace(step, state=out.state, result=out.result, outputs=outputs)
             except TemporaryError as exc:
                 if attempt == self.max_attempts:
-                    return replace(step, state=StepState.FAILED, result=f"gave up after {attempt} tries: {exc}")
+                    since = float(step.outputs.get("temporary_since", now))
+                    if now - since > self.give_up_s:
+                        return replace(step, state=StepState.FAILED,
+                                       result=f"gave up after {now - since:.0f} s of temporary errors: {exc}")
+                    return replace(step, state=StepState.WAITING, result=f"temporary error, retried later: {exc}",
+                                   outputs={**step.outputs, "temporary_since": str(since)})
                 log.info("step %s: temporary error (%s), retrying", step.id, exc)
                 self.sleep(max(delay, min(exc.delay, 10.0)))
                 delay = min(delay * 2, 10.0)
@@ -106,24 +201,36 @@ class PlanExecutor:
                 return replace(step, state=StepState.FAILED, result=f"{type(exc).__name__}: {exc}")
         raise AssertionError("unreachable")
 
-    def _apply(self, step: ActionStep) -> str:
-        p = step.params
-        node = step.node
-        if step.kind is StepKind.NOTIFY:
-            self.notifier.notify({"step": step.id, "node": node, **p})
-            return f"notified {p.get('to', '')}".strip()
-        if node is None:
-            raise PermanentError(f"step {step.kind.value} needs a node")
-        if step.kind is StepKind.CORDON:
-            self.cluster.cordon(node)
-            return f"cordoned {node}"
-        if step.kind is StepKind.TAINT:
-            self.cluster.add_taint(node, Taint(p["key"], p["value"], p["effect"]))
-            return f"tainted {node} {p['key']}={p['value']}:{p['effect']}"
-        if step.kind is StepKind.CONDITION:
-            self.cluster.set_condition(node, Condition(p["type"], p["status"], p["reason"], p["message"]))
-            return f"condition {p['type']}={p['status']} on {node}"
-        if step.kind is StepKind.EVENT:
-            self.cluster.emit_event(ClusterEvent(node, p["reason"], p["message"], p.get("type", "Warning")))
-            return f"event {p['reason']} on {node}"
-        raise PermanentError(f"unknown step kind {step.kind}")
+
+def describe(step: ActionStep) -> str:
+    """What a step would do, in words (dry runs and previews)."""
+    p = step.params
+    node = step.node or "-"
+    match step.kind:
+        case StepKind.CORDON:
+            return f"cordon {node}"
+        case StepKind.TAINT:
+            return f"taint {node} {p.get('key')}={p.get('value')}:{p.get('effect')}"
+        case StepKind.LABEL:
+            return f"label {node} kmend.io/quarantined=true (by {p.get('by')}, at {p.get('at')})"
+        case StepKind.CONDITION:
+            return f"set condition {p.get('type')}={p.get('status')} on {node}"
+        case StepKind.EVENT:
+            return f"record Event {p.get('reason')} on {node}"
+        case StepKind.NOTIFY:
+            return f"notify {p.get('to')}"
+        case StepKind.DRAIN:
+            return f"evict pods of {p.get('job') or 'every job'} from {node} (grace {p.get('grace_s')} s)"
+        case StepKind.SPARE_SWAP:
+            return f"hand the closest spare to {p.get('namespace')}/{p.get('job')} in place of {node}"
+        case StepKind.CHECKPOINT:
+            return f"publish the latest complete checkpoint of {p.get('job')} as its resume point"
+        case StepKind.RESTART_JOB:
+            return f"restart {p.get('namespace')}/{p.get('job')} as a gang through its owner"
+        case StepKind.REPAIR:
+            return f"request {p.get('kind')} of {node}"
+        case StepKind.VALIDATE:
+            return f"run the health-check Job on {node}"
+        case StepKind.RETURN:
+            return f"return {node} to the spare pool"
+    return step.kind.value

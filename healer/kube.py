@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import urllib3
@@ -67,10 +68,23 @@ def _api_message(exc: ApiException) -> str:
         return str(exc.body)
 
 
-def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def call_api(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     try:
         return fn(*args, **kwargs)
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+        raise translate(exc) from exc
+
+
+def create_once(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Create an object; 409 AlreadyExists means an earlier try (before a crash or timeout) made it."""
+    try:
+        fn(*args, **kwargs)
+        return True
+    except ApiException as exc:
+        if exc.status == 409 and "AlreadyExists" in (exc.body or "") + str(exc.reason):
+            return False
+        raise translate(exc) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise translate(exc) from exc
 
 
@@ -98,17 +112,17 @@ class KubeCluster:
         return cls(client.ApiClient(cfg), **kwargs)
 
     def list_nodes(self) -> Sequence[NodeInfo]:
-        nodes = _call(self.core.list_node, _request_timeout=self.timeout)
+        nodes = call_api(self.core.list_node, _request_timeout=self.timeout)
         return [self._info(n) for n in nodes.items]
 
     def get_node(self, name: str) -> NodeInfo:
-        return self._info(_call(self.core.read_node, name, _request_timeout=self.timeout))
+        return self._info(call_api(self.core.read_node, name, _request_timeout=self.timeout))
 
     def cordon(self, name: str) -> None:
-        _call(self.core.patch_node, name, {"spec": {"unschedulable": True}}, _request_timeout=self.timeout)
+        call_api(self.core.patch_node, name, {"spec": {"unschedulable": True}}, _request_timeout=self.timeout)
 
     def uncordon(self, name: str) -> None:
-        _call(self.core.patch_node, name, {"spec": {"unschedulable": False}}, _request_timeout=self.timeout)
+        call_api(self.core.patch_node, name, {"spec": {"unschedulable": False}}, _request_timeout=self.timeout)
 
     def add_taint(self, name: str, taint: Taint) -> None:
         def edit(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -124,7 +138,7 @@ class KubeCluster:
         self._edit_taints(name, lambda taints: [t for t in taints if t.get("key") != key])
 
     def set_condition(self, name: str, condition: Condition) -> None:
-        node = _call(self.core.read_node_status, name, _request_timeout=self.timeout)
+        node = call_api(self.core.read_node_status, name, _request_timeout=self.timeout)
         now = _now()
         transition = now
         for c in (node.status.conditions or []) if node.status else []:
@@ -134,13 +148,17 @@ class KubeCluster:
             "type": condition.type, "status": condition.status, "reason": condition.reason,
             "message": condition.message, "lastHeartbeatTime": now, "lastTransitionTime": transition,
         }]}}
-        _call(self.core.patch_node_status, name, body, _request_timeout=self.timeout)
+        call_api(self.core.patch_node_status, name, body, _request_timeout=self.timeout)
 
     def emit_event(self, event: ClusterEvent) -> None:
-        node: Any = _call(self.core.read_node, event.node, _request_timeout=self.timeout)
+        node: Any = call_api(self.core.read_node, event.node, _request_timeout=self.timeout)
         now = dt.datetime.now(dt.UTC)
+        # A keyed event gets a name derived from its key: a retry after a crash meets 409 AlreadyExists.
+        meta = (client.V1ObjectMeta(name=f"{event.node}.kmend-{hashlib.sha256(event.key.encode()).hexdigest()[:12]}",
+                                    namespace=self.event_namespace) if event.key else
+                client.V1ObjectMeta(generate_name=f"{event.node}.kmend-", namespace=self.event_namespace))
         body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{event.node}.kmend-", namespace=self.event_namespace),
+            metadata=meta,
             involved_object=client.V1ObjectReference(kind="Node", name=event.node, uid=node.metadata.uid,
                                                      api_version="v1"),
             reason=event.reason, message=event.message[:1024], type=event.type,
@@ -148,13 +166,23 @@ class KubeCluster:
             reporting_component=self.component, reporting_instance=self.host,
             first_timestamp=now, last_timestamp=now, count=1, action="Remediate",
         )
-        _call(self.core.create_namespaced_event, self.event_namespace, body, _request_timeout=self.timeout)
+        create_once(self.core.create_namespaced_event, self.event_namespace, body, _request_timeout=self.timeout)
+
+    def patch_node_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
+                            annotations: Mapping[str, str | None] | None = None) -> None:
+        meta: dict[str, Any] = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if meta:  # a merge patch: null removes a key, other keys are left alone
+            call_api(self.core.patch_node, name, {"metadata": meta}, _request_timeout=self.timeout)
 
     # -- internals ---------------------------------------------------------------
 
     def _edit_taints(self, name: str, edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
         for attempt in range(_CONFLICT_RETRIES):
-            node: Any = _call(self.core.read_node, name, _request_timeout=self.timeout)
+            node: Any = call_api(self.core.read_node, name, _request_timeout=self.timeout)
             # API field names (timeAdded), not the client's attribute names (time_added).
             current: list[dict[str, Any]] = [
                 self.api.sanitize_for_serialization(t)  # type: ignore[no-untyped-call]
@@ -166,7 +194,7 @@ class KubeCluster:
             body = {"metadata": {"resourceVersion": node.metadata.resource_version},
                     "spec": {"taints": wanted}}
             try:
-                _call(self.core.patch_node, name, body, _request_timeout=self.timeout)
+                call_api(self.core.patch_node, name, body, _request_timeout=self.timeout)
                 return
             except TemporaryError:
                 if attempt == _CONFLICT_RETRIES - 1:
@@ -182,4 +210,5 @@ class KubeCluster:
             for c in ((n.status.conditions or []) if n.status else [])
         )
         return NodeInfo(name=n.metadata.name, unschedulable=bool(spec.unschedulable), taints=taints,
-                        labels=dict(n.metadata.labels or {}), conditions=conds)
+                        labels=dict(n.metadata.labels or {}), conditions=conds,
+                        annotations=dict(n.metadata.annotations or {}))

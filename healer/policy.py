@@ -1,30 +1,51 @@
-"""Policy: which plan (and mode) an incident gets. Pure: incident in, plan out."""
+"""Policy: which plan (and mode) an incident gets. Pure: incident and a snapshot of context in, plan out."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from analyzer.records import Action, Incident
+from analyzer.records import Incident
+from healer.keys import CONDITION_TYPE, FAULT_TAINT_KEY, MANAGED_LABEL
+from healer.policy_file import PlanTemplate, PolicyFile, StepName
 from healer.records import ActionStep, Mode, Plan, StepKind
+from healer.steps.node import rfc3339
 
-FAULT_TAINT_KEY = "kmend.io/fault"
-"""Taint key kmend puts on quarantined nodes; the value is the fault class."""
-CONDITION_TYPE = "KmendHealthy"
-"""Node condition kmend owns; ``False`` while a fault is open on the node."""
+__all__ = ["CONDITION_TYPE", "FAULT_TAINT_KEY", "MANAGED_LABEL", "PlanContext", "PolicyConfig", "choose_plan",
+           "operator_quarantine_plan", "plan_id_for"]
 
-QUARANTINE_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_NODE})
-"""Recommended actions that take the node out of scheduling first."""
+NODE_STEPS = frozenset({StepName.QUARANTINE, StepName.DRAIN, StepName.SPARE_SWAP, StepName.REPAIR,
+                        StepName.VALIDATE, StepName.RETURN})
+"""Steps that change a node."""
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """Knobs of the default policy."""
+    """Global switches that override every rule."""
 
     dry_run: bool = False
     """Plan everything, change nothing."""
     require_approval: bool = False
-    """Quarantine plans wait for an operator."""
+    """Plans that change nodes wait for an operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What the policy needs to know beyond the incident, read from the cluster and the journal."""
+
+    now: float
+    """Time the plan is chosen."""
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the root-cause node (hardware match, opt-out)."""
+    namespace: str | None = None
+    """Namespace of the affected job."""
+    opted_out: str = ""
+    """Why the namespace, job or node is not managed (``kmend.io/managed=false``), if it is not."""
+    node_held_by: str | None = None
+    """Another active plan that already holds the node."""
+    in_cooldown: bool = False
+    """The node was quarantined by an earlier plan within the cooldown."""
 
 
 def plan_id_for(incident: Incident) -> str:
@@ -33,48 +54,107 @@ def plan_id_for(incident: Incident) -> str:
     return "plan-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def _quarantine_steps(pid: str, incident: Incident, node: str) -> list[ActionStep]:
-    fc = incident.fault_class.value
-    what = f"{fc} on {node}"
-    if incident.root_cause.gpu or incident.root_cause.pci:
-        what += f" (GPU {incident.root_cause.gpu or incident.root_cause.pci})"
-    message = f"kmend incident {incident.id}: {what}; {incident.root_finding.message[:200]}"
-    return [
-        ActionStep(f"{pid}-0", StepKind.CORDON, node),
-        ActionStep(f"{pid}-1", StepKind.TAINT, node,
-                   {"key": FAULT_TAINT_KEY, "value": fc, "effect": "NoSchedule"}),
-        ActionStep(f"{pid}-2", StepKind.CONDITION, node,
-                   {"type": CONDITION_TYPE, "status": "False", "reason": _camel(fc), "message": message}),
-        ActionStep(f"{pid}-3", StepKind.EVENT, node,
-                   {"reason": "KmendQuarantine", "message": message, "type": "Warning"}),
-    ]
-
-
 def _camel(s: str) -> str:
     return "".join(part.capitalize() for part in s.split("_"))
 
 
-def choose_plan(incident: Incident, config: PolicyConfig) -> Plan:
-    """Hardware faults that need the node out → quarantine; application faults → notify, never cordon."""
+def quarantine_steps(pid: str, start: int, node: str, fault: str, message: str, by: str,
+                     now: float) -> list[ActionStep]:
+    """Cordon, taint, who/why/when, condition, Event."""
+    i = start
+    return [
+        ActionStep(f"{pid}-{i}", StepKind.CORDON, node),
+        ActionStep(f"{pid}-{i + 1}", StepKind.TAINT, node, {"key": FAULT_TAINT_KEY, "value": fault,
+                                                            "effect": "NoSchedule"}),
+        ActionStep(f"{pid}-{i + 2}", StepKind.LABEL, node, {"by": by, "reason": message[:250], "at": rfc3339(now)}),
+        ActionStep(f"{pid}-{i + 3}", StepKind.CONDITION, node,
+                   {"type": CONDITION_TYPE, "status": "False", "reason": _camel(fault), "message": message}),
+        ActionStep(f"{pid}-{i + 4}", StepKind.EVENT, node,
+                   {"reason": "KmendQuarantine", "message": message, "type": "Warning"}),
+    ]
+
+
+def _steps(pid: str, template: PlanTemplate, incident: Incident, policy: PolicyFile, ctx: PlanContext,
+           message: str) -> list[ActionStep]:
+    node = incident.root_cause.node or ""
+    job = incident.root_cause.job or ""
+    ns = ctx.namespace or ""
+    d = policy.defaults
+    out: list[ActionStep] = []
+    for name in template.steps:
+        i = len(out)
+        sid = f"{pid}-{i}"
+        if name is StepName.QUARANTINE:
+            out += quarantine_steps(pid, i, node, incident.fault_class.value, message, "kmend", ctx.now)
+        elif name is StepName.DRAIN:
+            out.append(ActionStep(sid, StepKind.DRAIN, node, {"job": job, "namespace": ns,
+                                                              "grace_s": str(d.drain_grace_s),
+                                                              "timeout_s": str(d.drain_timeout_s)}))
+        elif name is StepName.SPARE_SWAP:
+            out.append(ActionStep(sid, StepKind.SPARE_SWAP, node, {"job": job, "namespace": ns}))
+        elif name is StepName.CHECKPOINT:
+            out.append(ActionStep(sid, StepKind.CHECKPOINT, node or None, {"job": job, "namespace": ns,
+                                                                           "default_path": d.checkpoint_path}))
+        elif name is StepName.RESTART_JOB:
+            out.append(ActionStep(sid, StepKind.RESTART_JOB, node or None, {
+                "job": job, "namespace": ns, "max_retry": str(d.max_retry),
+                "escalation": ",".join(e.value for e in d.escalation), "timeout_s": str(d.restart_timeout_s),
+                "grace_s": str(d.drain_grace_s)}))
+        elif name is StepName.REPAIR:
+            out.append(ActionStep(sid, StepKind.REPAIR, node, {
+                "kind": template.repair.value, "gpu": incident.root_cause.gpu or "",
+                "pci": incident.root_cause.pci or "", "require_idle": str(d.gpu_reset_when_idle).lower(),
+                "fault_class": incident.fault_class.value, "timeout_s": str(d.validation_timeout_s)}))
+        elif name is StepName.VALIDATE:
+            out.append(ActionStep(sid, StepKind.VALIDATE, node, {"image": d.health_check_image,
+                                                                 "timeout_s": str(d.validation_timeout_s)}))
+        elif name is StepName.RETURN:
+            out.append(ActionStep(sid, StepKind.RETURN, node))
+        elif name is StepName.NOTIFY:
+            who = "the job's owner" if not incident.hardware else "the operator"
+            out.append(ActionStep(sid, StepKind.NOTIFY, node or None, {"to": who, "message": message}))
+    return out
+
+
+def choose_plan(incident: Incident, policy: PolicyFile, config: PolicyConfig, ctx: PlanContext) -> Plan:
+    """The first matching rule's plan, narrowed by opt-outs, a node already held, cooldown and global switches."""
     pid = plan_id_for(incident)
     node = incident.root_cause.node
-    mode = Mode.DRY_RUN if config.dry_run else Mode.AUTO
-    if incident.hardware and incident.recommended_action in QUARANTINE_ACTIONS and node:
-        if config.require_approval and mode is Mode.AUTO:
-            mode = Mode.APPROVAL
-        return Plan(
-            id=pid, incident_id=incident.id, policy="quarantine-hardware", mode=mode,
-            steps=tuple(_quarantine_steps(pid, incident, node)),
-            reason=f"hardware fault {incident.fault_class.value} recommends "
-                   f"{incident.recommended_action.value}",
-        )
-    who = "the job's owner" if not incident.hardware else "the operator"
-    summary = (f"kmend incident {incident.id}: {incident.fault_class.value} "
-               f"({incident.recommended_action.value}) job={incident.root_cause.job} "
-               f"node={incident.root_cause.node}: {incident.root_finding.message[:200]}")
-    return Plan(
-        id=pid, incident_id=incident.id, policy="notify", mode=mode,
-        steps=(ActionStep(f"{pid}-0", StepKind.NOTIFY, node, {"to": who, "message": summary}),),
-        reason=("application fault: tell the job's owner, never cordon a node for it"
-                if not incident.hardware else "no node action recommended"),
-    )
+    rc = incident.root_cause
+    message = (f"kmend incident {incident.id}: {incident.fault_class.value} on {node or '-'}"
+               + (f" (GPU {rc.gpu or rc.pci})" if rc.gpu or rc.pci else "")
+               + (f" job={rc.job}" if rc.job else "") + f"; {incident.root_finding.message[:200]}")
+    rule = policy.choose(incident.fault_class, incident.severity, incident.hardware, incident.recommended_action,
+                         ctx.node_labels, rc.job)
+    template = policy.plans[rule.plan]
+    mode = rule.mode
+    reason = (f"rule {rule.name!r}: {'hardware' if incident.hardware else 'application'} fault "
+              f"{incident.fault_class.value} recommends {incident.recommended_action.value}")
+    touches_node = bool(NODE_STEPS & set(template.steps))
+    if touches_node and not node:
+        template, reason = policy.plans[policy.fallback.plan], reason + "; no node named: notify only"
+    elif ctx.opted_out:
+        template, reason = policy.plans[policy.fallback.plan], f"{ctx.opted_out}: notify only"
+    elif touches_node and ctx.node_held_by:
+        template, reason = policy.plans[policy.fallback.plan], f"node held by plan {ctx.node_held_by}: notify only"
+    elif touches_node and ctx.in_cooldown and mode is Mode.AUTO:
+        mode, reason = Mode.APPROVAL, reason + "; node was quarantined within the cooldown: an operator decides"
+    steps = _steps(pid, template, incident, policy, ctx, message)
+    if not any(s.kind is StepKind.NOTIFY for s in steps) and not steps:
+        steps = [ActionStep(f"{pid}-0", StepKind.NOTIFY, node, {"to": "the operator", "message": message})]
+    if config.require_approval and mode is Mode.AUTO and any(s.node for s in steps if s.kind is not StepKind.NOTIFY):
+        mode = Mode.APPROVAL
+    if config.dry_run:
+        mode = Mode.DRY_RUN
+    return Plan(id=pid, incident_id=incident.id, policy=f"{rule.name}/{template.name}", mode=mode,
+                steps=tuple(steps), reason=reason, node=node, job=rc.job, namespace=ctx.namespace,
+                fault_class=incident.fault_class.value, created_at=ctx.now)
+
+
+def operator_quarantine_plan(node: str, by: str, reason: str, now: float) -> Plan:
+    """A quarantine an operator asked for through the API (it bypasses the breaker, not the journal)."""
+    pid = "plan-op-" + hashlib.sha256(f"{node}/{now}".encode()).hexdigest()[:10]
+    message = f"quarantined by {by}: {reason}"
+    return Plan(id=pid, incident_id="", policy="operator/quarantine", mode=Mode.AUTO,
+                steps=tuple(quarantine_steps(pid, 0, node, "operator", message, by, now)),
+                reason=message, node=node, fault_class="operator", created_at=now)

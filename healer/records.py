@@ -16,13 +16,21 @@ class Mode(StrEnum):
 
 
 class StepKind(StrEnum):
-    """What one step does through the Cluster port."""
+    """What one step does through the Cluster and Workloads ports."""
 
     CORDON = "cordon"
     TAINT = "taint"
+    LABEL = "label"
     CONDITION = "condition"
     EVENT = "event"
     NOTIFY = "notify"
+    DRAIN = "drain"
+    SPARE_SWAP = "spare_swap"
+    CHECKPOINT = "checkpoint"
+    RESTART_JOB = "restart_job"
+    REPAIR = "repair"
+    VALIDATE = "validate"
+    RETURN = "return"
 
 
 class StepState(StrEnum):
@@ -30,6 +38,7 @@ class StepState(StrEnum):
 
     PENDING = "pending"
     RUNNING = "running"
+    WAITING = "waiting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -45,6 +54,16 @@ class PlanState(StrEnum):
     FAILED = "failed"
     REJECTED = "rejected"
     DRY_RUN = "dry_run"
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+
+
+FINAL_PLAN_STATES = frozenset({PlanState.SUCCEEDED, PlanState.FAILED, PlanState.REJECTED, PlanState.DRY_RUN,
+                               PlanState.CANCELLED})
+"""States a plan never leaves."""
+
+DONE_STEP_STATES = frozenset({StepState.SUCCEEDED, StepState.SKIPPED})
+"""States after which a step is never run again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +82,8 @@ class ActionStep:
     """Where the step is."""
     result: str = ""
     """What happened, in a line (API message on failure)."""
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    """What the step produced for later steps (chosen spare, resume point), journaled with its state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,4 +103,21 @@ class Plan:
     state: PlanState = PlanState.PENDING
     """Where the plan is."""
     reason: str = ""
-    """Why this plan (and mode) was chosen."""
+    """Why this plan (and mode) was chosen, or why it stopped."""
+    node: str | None = None
+    """Node at the root of the incident, if any."""
+    job: str | None = None
+    """Job affected, if any."""
+    namespace: str | None = None
+    """Namespace of the job, when known."""
+    fault_class: str = ""
+    """Fault class of the incident."""
+    created_at: float = 0.0
+    """When the plan was chosen, seconds since the epoch."""
+
+    def outputs(self) -> dict[str, str]:
+        """Outputs of every finished step merged in order (later steps read earlier ones)."""
+        merged: dict[str, str] = {}
+        for s in self.steps:
+            merged.update(s.outputs)
+        return merged

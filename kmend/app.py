@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from starlette.concurrency import run_in_threadpool
 
-from kmend.api import alerts, flight_recorder, fluentbit, health, incidents, nodes, signals
+from kmend.api import (
+    alerts,
+    audit,
+    breaker,
+    flight_recorder,
+    fluentbit,
+    health,
+    incidents,
+    nodes,
+    plans,
+    signals,
+    spares,
+)
 from kmend.service import Kmend
 from kmend.settings import Settings
 
@@ -37,6 +50,21 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
     app.state.kmend = kmend
     app.state.settings = settings
     for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
-              nodes.router, health.router):
+              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router):
         app.include_router(r)
+
+    @app.middleware("http")
+    async def audit_runbook_calls(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        """Every runbook call is recorded with who made it and what the answer was."""
+        response = await call_next(request)
+        path = request.url.path
+        if audit.audited(path):
+            actor = request.headers.get("x-kmend-operator") or "operator"
+            detail = {"query": str(request.url.query)[:500]} if request.url.query else {}
+            await run_in_threadpool(kmend.store.ledger.audit, actor, request.method, path, response.status_code,
+                                    detail)
+            kmend.metrics.api_calls.labels(path.split("/")[2] if path.count("/") >= 2 else path,
+                                           str(response.status_code)).inc()
+        return response
+
     return app

@@ -29,3 +29,10 @@ class Metrics:
                              ["policy", "mode"], registry=r)
         self.nodes_quarantined = Gauge("kmend_nodes_quarantined", "Nodes cordoned and tainted by kmend",
                                        registry=r)
+        self.spares = Gauge("kmend_spares", "Nodes of the hot-spare pool, by state (available, in-use, unhealthy)",
+                            ["state"], registry=r)
+        self.breaker = Gauge("kmend_healer_breaker_tripped", "1 while the quarantine circuit breaker is tripped",
+                             registry=r)
+        self.leader = Gauge("kmend_healer_leader", "1 while this replica holds the healer Lease", registry=r)
+        self.api_calls = Counter("kmend_runbook_api_calls_total", "Runbook API calls, by route and status",
+                                 ["route", "status"], registry=r)

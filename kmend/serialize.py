@@ -80,23 +80,25 @@ def incident_from_dict(d: dict[str, Any]) -> Incident:
 def step_to_dict(s: ActionStep) -> dict[str, Any]:
     """A plan step as JSON."""
     return {"id": s.id, "kind": s.kind.value, "node": s.node, "params": dict(s.params),
-            "state": s.state.value, "result": s.result}
+            "state": s.state.value, "result": s.result, "outputs": dict(s.outputs)}
 
 
 def step_from_dict(d: dict[str, Any]) -> ActionStep:
     """Inverse of step_to_dict."""
     return ActionStep(id=d["id"], kind=StepKind(d["kind"]), node=d.get("node"), params=dict(d["params"]),
-                      state=StepState(d["state"]), result=d.get("result", ""))
+                      state=StepState(d["state"]), result=d.get("result", ""), outputs=dict(d.get("outputs") or {}))
 
 
 def plan_to_dict(p: Plan) -> dict[str, Any]:
     """A plan as JSON."""
     return {"id": p.id, "incident_id": p.incident_id, "policy": p.policy, "mode": p.mode.value,
-            "state": p.state.value, "reason": p.reason, "steps": [step_to_dict(s) for s in p.steps]}
+            "state": p.state.value, "reason": p.reason, "node": p.node, "job": p.job, "namespace": p.namespace,
+            "fault_class": p.fault_class, "created_at": p.created_at, "steps": [step_to_dict(s) for s in p.steps]}
 
 
 def plan_from_dict(d: dict[str, Any]) -> Plan:
     """Inverse of plan_to_dict."""
     return Plan(id=d["id"], incident_id=d["incident_id"], policy=d["policy"], mode=Mode(d["mode"]),
                 steps=tuple(step_from_dict(s) for s in d["steps"]), state=PlanState(d["state"]),
-                reason=d.get("reason", ""))
+                reason=d.get("reason", ""), node=d.get("node"), job=d.get("job"), namespace=d.get("namespace"),
+                fault_class=d.get("fault_class", ""), created_at=float(d.get("created_at") or 0.0))

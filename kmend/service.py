@@ -20,10 +20,15 @@ from analyzer.records import Finding, Incident, IncidentState
 from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.cluster import Cluster
-from healer.executor import PlanExecutor
+from healer.keys import FAULT_TAINT_KEY
+from healer.lease import AlwaysLeader
 from healer.notify import Notifier
-from healer.policy import FAULT_TAINT_KEY, PolicyConfig, choose_plan, plan_id_for
-from healer.records import ActionStep, Mode, Plan, PlanState
+from healer.policy import PolicyConfig
+from healer.policy_file import PolicyFile, load_policy
+from healer.records import Plan
+from healer.steps.base import StepContext
+from healer.workloads import Workloads
+from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
 
@@ -37,7 +42,7 @@ class HealerConfig:
     """How the healer loop behaves."""
 
     policy: PolicyConfig
-    """Policy knobs (dry-run, approval)."""
+    """Global switches (dry-run, approval)."""
     symptom_settle_s: float = 30.0
     """Seconds to wait for a cause before acting on a symptom-only incident."""
     interval_s: float = 0.5
@@ -56,10 +61,16 @@ class Kmend:
         rules: Sequence[Rule],
         notifier: Notifier,
         *,
+        workloads: Workloads,
+        policy: PolicyFile | None = None,
+        leader: Leader | None = None,
         metrics: Metrics | None = None,
         healer: HealerConfig | None = None,
         correlation_window_s: float = 1200.0,
         clock: Callable[[], float] = time.time,
+        health_check_template: str = "",
+        namespace: str = "kmend-system",
+        sleep: Callable[[float], None] | None = None,
         progress_rules: Sequence[ProgressRule] = (),
         hang: HangConfig | None = None,
         straggler: StragglerConfig | None = None,
@@ -67,6 +78,7 @@ class Kmend:
     ) -> None:
         self.store = store
         self.cluster = cluster
+        self.workloads = workloads
         self.rules = tuple(rules)
         self.metrics = metrics or Metrics()
         self.healer = healer or HealerConfig(PolicyConfig())
@@ -78,11 +90,12 @@ class Kmend:
                                  detectors=self.detectors)
         self._watermark = (0.0, 0.0)
         self._next_evaluation = 0.0
-        self.executor = PlanExecutor(cluster, store, notifier, on_step=self._count_step)
+        ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
+                          namespace, health_check_template)
+        self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
+                               symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
         self._lock = threading.RLock()
-        self._heal_lock = threading.Lock()
         self._wake = threading.Event()
-        self._first_seen: dict[str, float] = {}
         self.ready = False
 
     # -- lifecycle ---------------------------------------------------------------
@@ -189,42 +202,19 @@ class Kmend:
 
     def heal_once(self) -> list[Plan]:
         """Plan for new incidents and run runnable plans; returns the plans touched."""
-        with self._heal_lock:
-            touched = [self.executor.execute(p) for p in self.store.list_plans(state=PlanState.RUNNING.value)]
-            with self._lock:
-                active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
-            known = self.store.plan_ids()
-            now = self.clock()
-            for inc in active:
-                if plan_id_for(inc) in known:
-                    continue
-                first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
-                if inc.root_finding.is_symptom_class and now - first < self.healer.symptom_settle_s:
-                    continue  # the cause may still arrive (kernel logs can lag container logs)
-                plan = choose_plan(inc, self.healer.policy)
-                self.store.save_plan(plan)
-                self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
-                if plan.mode is Mode.APPROVAL:
-                    plan = Plan(plan.id, plan.incident_id, plan.policy, plan.mode, plan.steps,
-                                PlanState.AWAITING_APPROVAL, plan.reason)
-                    self.store.save_plan(plan)
-                else:
-                    plan = self.executor.execute(plan)
-                self._after_plan(inc, plan)
-                touched.append(plan)
-            return touched
+        with self._lock:
+            incidents = self.analyzer.correlator.incidents()
+        return self.healing.heal_once(incidents, self.set_incident_state)
 
-    def _after_plan(self, inc: Incident, plan: Plan) -> None:
-        if plan.state is PlanState.SUCCEEDED and plan.policy == "quarantine-hardware":
-            with self._lock:
-                updated = self.analyzer.correlator.set_state(
-                    inc.id, IncidentState.REMEDIATING, self.clock(),
-                    f"node {inc.root_cause.node} quarantined by {plan.id}")
-            self.store.save_incident(updated)
-            self._refresh_open_gauge()
-
-    def _count_step(self, plan: Plan, step: ActionStep) -> None:
-        self.metrics.actions.labels(step.kind.value, step.state.value).inc()
+    def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
+        """Move an incident along (remediating, resolved) and store it."""
+        with self._lock:
+            current = next((i for i in self.analyzer.correlator.incidents() if i.id == incident_id), None)
+            if current is None or current.state == state:
+                return
+            updated = self.analyzer.correlator.set_state(incident_id, state, self.clock(), why)
+        self.store.save_incident(updated)
+        self._refresh_open_gauge()
 
     def wake(self) -> None:
         """Make the healer loop run now."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.progress_rules import default_progress_rules_dir
@@ -41,4 +41,25 @@ class Settings(BaseSettings):
     straggler_persistence: int = Field(3, description="consecutive steps a straggler must stay slow")
     flight_recorder_settle_s: float = Field(10.0, description="judge a job's dumps once none arrived for this long")
     notify_webhook_url: str | None = None
+    alertmanager_url: str | None = Field(None, description="Alertmanager base URL: notifications POST /api/v2/alerts")
     max_batch_bytes: int = 32 * 1024 * 1024
+    policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
+    operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")
+    health_check_template: Path | None = Field(None, description="validation Job template (deploy/healthcheck/)")
+    namespace: str = Field("kmend-system", description="namespace of kmend's own objects (health checks, Lease)")
+    lease_name: str = "kmend-healer"
+    lease_duration_s: int = 15
+    identity: str | None = Field(None, description="this replica's Lease holder identity (default: host name)")
+    sim_spares: int = Field(2, description="nodes of the simulated cluster that form the spare pool")
+    sim_job_nodes: int = Field(0, description="nodes a simulated PyTorchJob runs on (0: none)")
+    sim_checkpoint_path: str = ""
+    sim_state_file: Path | None = Field(None, description="keep the simulated cluster in this file across restarts")
+    sim_crash_after: int | None = Field(None, description="fault injection: SIGKILL after the N-th applied change")
+    sim_crash_before: int | None = Field(None, description="fault injection: SIGKILL before the N-th change lands")
+
+    @model_validator(mode="after")
+    def _distinct_tokens(self) -> Settings:
+        if self.operator_token is not None and self.ingest_token is not None \
+                and self.operator_token.get_secret_value() == self.ingest_token.get_secret_value():
+            raise ValueError("operator_token must differ from ingest_token: collectors must not run runbooks")
+        return self

@@ -1,9 +1,12 @@
-"""Build the service from settings: store, cluster adapter, notifier, rules."""
+"""Build the service from settings: store, cluster ports, lease, notifier, rules, policy."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from analyzer.detectors.hang import HangConfig
@@ -11,18 +14,43 @@ from analyzer.detectors.straggler import StragglerConfig
 from analyzer.progress_rules import load_progress_rules
 from analyzer.rules import load_rules
 from healer.cluster import Cluster
-from healer.notify import LogNotifier, Notifier, WebhookNotifier
+from healer.lease import AlwaysLeader, LeaderElector, Leases
+from healer.notify import AlertmanagerNotifier, FanOut, LogNotifier, Notifier, WebhookNotifier
 from healer.policy import PolicyConfig
+from healer.policy_file import load_policy
+from healer.workloads import Workloads
+from kmend.healing import Leader
 from kmend.metrics import Metrics
 from kmend.service import HealerConfig, Kmend
 from kmend.settings import Settings
 from kmend.store import Store
-from sim.cluster import build_cluster
+from sim.cluster import SimCluster
+from sim.workloads import SimWorkloads
+from sim.world import JobSpec, SimWorld
 
 log = logging.getLogger("kmend")
 
 
-def make_cluster(settings: Settings) -> Cluster:
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """The cluster the service acts on."""
+
+    cluster: Cluster
+    """Nodes."""
+    workloads: Workloads
+    """Pods, owners, ConfigMaps."""
+    leases: Leases | None
+    """Leases for leader election (None: a single embedded replica)."""
+    world: SimWorld | None = None
+    """The simulated world, when simulated."""
+
+
+def default_health_check_template() -> Path:
+    """deploy/healthcheck/job-template.yaml of this source tree."""
+    return Path(__file__).resolve().parent.parent / "deploy" / "healthcheck" / "job-template.yaml"
+
+
+def make_ports(settings: Settings) -> Ports:
     """The real cluster when configured (or auto-detected), else the simulated one."""
     choice = settings.cluster
     if choice == "auto":
@@ -32,36 +60,80 @@ def make_cluster(settings: Settings) -> Cluster:
         settings = settings.model_copy(update={"in_cluster": in_cluster})
     if choice == "kube":
         from healer.kube import KubeCluster  # only here: the sim default needs no client
+        from healer.kube_lease import KubeLeases
+        from healer.kube_workloads import KubeWorkloads
 
         log.info("acting on a real cluster")
-        return KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
-                                       event_namespace=settings.event_namespace)
+        cluster = KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
+                                          event_namespace=settings.event_namespace)
+        return Ports(cluster, KubeWorkloads(cluster.api), KubeLeases(cluster.api))
     log.info("acting on a simulated cluster of %d nodes", settings.sim_nodes)
-    return build_cluster(settings.sim_nodes, settings.sim_gpus_per_node)
+    job = JobSpec("llama-70b-pretrain", settings.sim_job_nodes, checkpoint_path=settings.sim_checkpoint_path) \
+        if settings.sim_job_nodes else None
+    world = SimWorld(nodes=settings.sim_nodes, gpus=settings.sim_gpus_per_node, spares=settings.sim_spares, job=job,
+                     path=settings.sim_state_file, crash_after=settings.sim_crash_after,
+                     crash_before=settings.sim_crash_before)
+    return Ports(world.cluster, world.workloads, None, world)
 
 
 def make_notifier(settings: Settings) -> Notifier:
-    """Webhook when configured, else the log."""
-    return WebhookNotifier(settings.notify_webhook_url) if settings.notify_webhook_url else LogNotifier()
+    """Webhook and/or Alertmanager when configured, else the log."""
+    sinks: list[Notifier] = []
+    if settings.notify_webhook_url:
+        sinks.append(WebhookNotifier(settings.notify_webhook_url))
+    if settings.alertmanager_url:
+        sinks.append(AlertmanagerNotifier(settings.alertmanager_url))
+    if not sinks:
+        return LogNotifier()
+    return sinks[0] if len(sinks) == 1 else FanOut(sinks)
 
 
-def make_kmend(settings: Settings, *, cluster: Cluster | None = None, notifier: Notifier | None = None,
-               metrics: Metrics | None = None) -> Kmend:
-    """The service core for these settings (rules are validated here: a bad rule stops start-up)."""
+def make_leader(settings: Settings, leases: Leases | None) -> Leader:
+    """A Lease elector when the cluster has Leases, else a lone leader."""
+    if leases is None:
+        return AlwaysLeader()
+    return LeaderElector(leases, namespace=settings.namespace, name=settings.lease_name,
+                         identity=settings.identity or socket.gethostname(), duration_s=settings.lease_duration_s,
+                         clock=time.time)
+
+
+def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads: Workloads | None = None,
+               notifier: Notifier | None = None, metrics: Metrics | None = None,
+               leader: Leader | None = None) -> Kmend:
+    """The service core for these settings (rules and the policy are validated here: a bad one stops start-up)."""
     rules = load_rules(settings.rules_dirs)
-    return Kmend(
-        Store(settings.database_url),
-        cluster if cluster is not None else make_cluster(settings),
-        rules,
-        notifier or make_notifier(settings),
+    policy = load_policy(settings.policy_file)
+    if cluster is None:
+        ports = make_ports(settings)
+        cluster, workloads, leases = ports.cluster, ports.workloads, ports.leases
+    else:
+        leases = None
+        if workloads is None:
+            if not isinstance(cluster, SimCluster):
+                raise ValueError("a Workloads adapter is needed with a non-simulated cluster")
+            workloads = SimWorkloads(cluster)
+    assert workloads is not None
+    template_path = settings.health_check_template or default_health_check_template()
+    template = template_path.read_text() if template_path.is_file() else ""
+    if not template:
+        log.warning("no health-check template at %s: validation steps will fail", template_path)
+    store = Store(settings.database_url)
+    kmend = Kmend(
+        store, cluster, rules, notifier or make_notifier(settings),
+        workloads=workloads, policy=policy, leader=leader or make_leader(settings, leases),
         metrics=metrics or Metrics(),
         healer=HealerConfig(PolicyConfig(dry_run=settings.dry_run, require_approval=settings.require_approval),
                             symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s,
                             detector_interval_s=settings.detector_interval_s),
-        correlation_window_s=settings.correlation_window_s,
+        correlation_window_s=settings.correlation_window_s, health_check_template=template,
+        namespace=settings.namespace,
         progress_rules=load_progress_rules(settings.progress_rules_dirs),
         hang=HangConfig(k=settings.hang_k, floor_s=settings.hang_floor_s),
         straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
                                   persistence=settings.straggler_persistence),
         flight_recorder_settle_s=settings.flight_recorder_settle_s,
     )
+    elector = kmend.healing.leader
+    if isinstance(elector, LeaderElector):
+        elector.on_change = lambda lease: store.ledger.lease_seen(lease, settings.lease_name)
+    return kmend

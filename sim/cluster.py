@@ -3,15 +3,18 @@
 Honours ../shared/KUBERNETES-API.md where the port touches it: a new node carries
 ``node.kubernetes.io/not-ready:NoSchedule`` until its Ready condition is set;
 taints replace by key+effect; every write bumps ``resourceVersion``; events are
-append-only. Failures can be injected per operation for the safety tests.
+append-only (one per idempotency key). Failures can be injected per operation for the safety
+tests. Every change that takes effect is reported to an optional ``on_change`` callback, which
+``sim.world`` uses to keep an action log and to persist the simulated world to a file.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from healer.cluster import (
     ClusterError,
@@ -34,18 +37,40 @@ class _Node:
     conditions: dict[str, Condition] = field(default_factory=dict)
     resource_version: int = 1
     gpus: int = 8
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "labels": self.labels, "unschedulable": self.unschedulable,
+                "taints": [[t.key, t.value, t.effect] for t in self.taints],
+                "conditions": [[c.type, c.status, c.reason, c.message] for c in self.conditions.values()],
+                "rv": self.resource_version, "gpus": self.gpus, "annotations": self.annotations}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> _Node:
+        return _Node(d["name"], dict(d["labels"]), d["unschedulable"], [Taint(*t) for t in d["taints"]],
+                     {c[0]: Condition(*c) for c in d["conditions"]}, d["rv"], d["gpus"], dict(d["annotations"]))
+
+
+OnChange = Callable[[str, str], None]
+"""Called with (operation, target) after every change that took effect, under the cluster's lock."""
 
 
 class SimCluster:
     """In-memory implementation of the Cluster port (thread-safe)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, *, on_change: OnChange | None = None) -> None:
+        self._lock = threading.RLock()
         self._nodes: dict[str, _Node] = {}
         self._rv = 1
         self.events: list[ClusterEvent] = []
         self.calls: list[tuple[str, str]] = []
         self._failures: dict[str, deque[ClusterError]] = {}
+        self.on_change = on_change
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every operation holds (the world persists under it)."""
+        return self._lock
 
     # -- building the simulated world ----------------------------------------
 
@@ -91,7 +116,7 @@ class SimCluster:
             kept = [t for t in n.taints if (t.key, t.effect) != (taint.key, taint.effect)]
             if [*kept, taint] != n.taints:
                 n.taints = [*kept, taint]
-                self._bump(n)
+                self._bump(n, f"add_taint {taint.key}={taint.value}:{taint.effect}", name)
 
     def remove_taint(self, name: str, key: str) -> None:
         with self._lock:
@@ -100,7 +125,7 @@ class SimCluster:
             kept = [t for t in n.taints if t.key != key]
             if kept != n.taints:
                 n.taints = kept
-                self._bump(n)
+                self._bump(n, f"remove_taint {key}", name)
 
     def set_condition(self, name: str, condition: Condition) -> None:
         with self._lock:
@@ -108,7 +133,7 @@ class SimCluster:
             n = self._get(name)
             if n.conditions.get(condition.type) != condition:
                 n.conditions[condition.type] = condition
-                self._bump(n)
+                self._bump(n, f"set_condition {condition.type}={condition.status}", name)
             if condition.type == "Ready":
                 ready = condition.status == "True"
                 n.taints = [t for t in n.taints if t.key != NOT_READY.key]
@@ -119,7 +144,34 @@ class SimCluster:
         with self._lock:
             self._enter("emit_event", event.node)
             self._get(event.node)
+            if event.key and any(e.key == event.key for e in self.events):
+                return  # AlreadyExists: the event was recorded before a crash
             self.events.append(event)
+            self._changed(f"emit_event {event.reason}", event.node)
+
+    def patch_node_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
+                            annotations: Mapping[str, str | None] | None = None) -> None:
+        with self._lock:
+            self._enter("patch_node_metadata", name)
+            n = self._get(name)
+            changed = _apply(n.labels, labels or {}) | _apply(n.annotations, annotations or {})
+            if changed:
+                self._bump(n, "patch_node_metadata " + ",".join(sorted(changed)), name)
+
+    # -- persistence (sim.world) --------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole simulated state, for a file-backed world."""
+        with self._lock:
+            return {"rv": self._rv, "nodes": [n.to_json() for n in self._nodes.values()],
+                    "events": [[e.node, e.reason, e.message, e.type, e.key] for e in self.events]}
+
+    def load_json(self, d: dict[str, Any]) -> None:
+        """Replace the state with one written by ``to_json``."""
+        with self._lock:
+            self._rv = d["rv"]
+            self._nodes = {n["name"]: _Node.from_json(n) for n in d["nodes"]}
+            self.events = [ClusterEvent(*e) for e in d["events"]]
 
     # -- internals ---------------------------------------------------------------
 
@@ -135,9 +187,14 @@ class SimCluster:
         except KeyError:
             raise NotFoundError(f'nodes "{name}" not found') from None
 
-    def _bump(self, n: _Node) -> None:
+    def _bump(self, n: _Node, op: str, target: str) -> None:
         self._rv += 1
         n.resource_version = self._rv
+        self._changed(op, target)
+
+    def _changed(self, op: str, target: str) -> None:
+        if self.on_change is not None:
+            self.on_change(op, target)
 
     def _set_unschedulable(self, name: str, value: bool, op: str) -> None:
         with self._lock:
@@ -145,27 +202,53 @@ class SimCluster:
             n = self._get(name)
             if n.unschedulable != value:
                 n.unschedulable = value
-                self._bump(n)
+                self._bump(n, op, name)
 
     @staticmethod
     def _info(n: _Node) -> NodeInfo:
         return NodeInfo(
             name=n.name, unschedulable=n.unschedulable, taints=tuple(n.taints),
-            labels=dict(n.labels), conditions=tuple(n.conditions.values()),
+            labels=dict(n.labels), conditions=tuple(n.conditions.values()), annotations=dict(n.annotations),
         )
 
 
+def _apply(target: dict[str, str], patch: Mapping[str, str | None]) -> set[str]:
+    """Apply a metadata patch; returns the keys that changed."""
+    changed = set()
+    for k, v in patch.items():
+        if v is None:
+            if k in target:
+                del target[k]
+                changed.add(k)
+        elif target.get(k) != v:
+            target[k] = v
+            changed.add(k)
+    return changed
+
+
+SPARE_LABEL = "kmend.io/spare"
+"""Label marking a node of the hot-spare pool (value ``true``)."""
+
+
 def build_cluster(nodes: int = 16, gpus_per_node: int = 8, *, nodes_per_leaf: int = 8,
-                  prefix: str = "gpu-node") -> SimCluster:
-    """A cluster of GPU nodes with leaf/spine topology labels."""
-    c = SimCluster()
+                  leaves_per_spine: int = 8, spares: int = 0, prefix: str = "gpu-node",
+                  on_change: OnChange | None = None) -> SimCluster:
+    """A cluster of GPU nodes with leaf/spine topology labels; the last `spares` of them form the spare pool."""
+    c = SimCluster(on_change=on_change)
+    width = max(2, len(str(nodes - 1)))
     for i in range(nodes):
         leaf = i // nodes_per_leaf
-        c.add_node(f"{prefix}-{i:02d}", gpus=gpus_per_node, labels={
+        name = f"{prefix}-{i:0{width}d}"
+        c.add_node(name, gpus=gpus_per_node, labels={
             "nvidia.com/gpu.count": str(gpus_per_node),
             "topology.kmend.io/leaf": f"leaf-{leaf}",
-            "topology.kmend.io/spine": "spine-0",
+            "topology.kmend.io/spine": f"spine-{leaf // leaves_per_spine}",
         })
+        if i >= nodes - spares:
+            with c.lock:
+                n = c._nodes[name]
+                n.labels[SPARE_LABEL] = "true"
+                n.taints.append(Taint(SPARE_LABEL, "", "NoSchedule"))
     return c
 
 

@@ -35,6 +35,7 @@ class FakeApiServer:
         self.custom: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
         self.bodies: list[tuple[str, str, Any]] = []
         self.events: list[dict[str, Any]] = []
+        self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self._rv = itertools.count(100)
         self._errors: deque[tuple[str, re.Pattern[str], int, str]] = deque()
@@ -72,6 +73,9 @@ class FakeApiServer:
 
             def do_DELETE(self) -> None:
                 self._handle("DELETE")
+
+            def do_PUT(self) -> None:
+                self._handle("PUT")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -186,17 +190,47 @@ class FakeApiServer:
                 if "strategic-merge-patch" not in ctype and "merge-patch" not in ctype:
                     return self._status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
                 return self._patch_node(node, body, status)
+        m = re.fullmatch(r"/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?", path)
+        if m:
+            return self._lease(method, m.group(1), m.group(2), body)
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path)
         if m and method == "POST":
             ev = copy.deepcopy(body)
             meta = ev.setdefault("metadata", {})
             meta["name"] = meta.get("name") or meta.pop("generateName", "event-") + uuid.uuid4().hex[:5]
             meta["namespace"] = m.group(1)
+            if any(e["metadata"]["name"] == meta["name"] for e in self.events):
+                return self._status(409, "AlreadyExists", f'events "{meta["name"]}" already exists')
             if not ev.get("involvedObject", {}).get("name"):
                 return self._status(422, "Invalid", "involvedObject.name: Required value")
             self.events.append(ev)
             return 201, ev
         return self._status(404, "NotFound", f"the server could not find the requested resource {path}")
+
+    def _lease(self, method: str, ns: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
+        """Leases: create (409 if it exists), get, replace guarded by metadata.resourceVersion (409 if stale)."""
+        if method == "POST" and name is None:
+            name = body["metadata"]["name"]
+            if (ns, name) in self.leases:
+                return self._status(409, "AlreadyExists", f'leases.coordination.k8s.io "{name}" already exists')
+            lease = {**copy.deepcopy(body), "kind": "Lease", "apiVersion": "coordination.k8s.io/v1"}
+            lease["metadata"].update(namespace=ns, resourceVersion=str(next(self._rv)))
+            self.leases[(ns, name)] = lease
+            return 201, copy.deepcopy(lease)
+        current = self.leases.get((ns, name or ""))
+        if current is None:
+            return self._status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+        if method == "GET":
+            return 200, copy.deepcopy(current)
+        if method == "PUT":
+            if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                return self._status(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io '
+                                    f'"{name}": the object has been modified')
+            lease = {**copy.deepcopy(body), "kind": "Lease", "apiVersion": "coordination.k8s.io/v1"}
+            lease["metadata"].update(namespace=ns, resourceVersion=str(next(self._rv)))
+            self.leases[(ns, name or "")] = lease
+            return 200, copy.deepcopy(lease)
+        return self._status(405, "MethodNotAllowed", method)
 
     def _patch_node(self, node: dict[str, Any], body: dict[str, Any], status: bool) -> tuple[int, dict[str, Any]]:
         want_rv = body.get("metadata", {}).get("resourceVersion")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,8 +12,11 @@ from kubernetes import client
 from healer.cluster import ClusterEvent, PermanentError, Taint, TemporaryError
 from healer.executor import PlanExecutor
 from healer.kube import KubeCluster
+from healer.kube_workloads import KubeWorkloads
 from healer.notify import LogNotifier
+from healer.policy_file import load_policy
 from healer.records import ActionStep, Mode, Plan, PlanState, StepKind, StepState
+from healer.steps.base import RepairRequest, StepContext
 from tests.fake_apiserver import FakeApiServer
 
 
@@ -25,6 +29,17 @@ def api() -> Iterator[FakeApiServer]:
 
 def _kube(api: FakeApiServer) -> KubeCluster:
     return KubeCluster(client.ApiClient(client.Configuration(host=api.url)), request_timeout_s=5)
+
+
+class NoRequests:
+    def open(self, request: RepairRequest) -> RepairRequest:
+        return request
+
+    def get(self, request_id: str) -> RepairRequest | None:
+        return None
+
+    def restarts_of(self, job: str, *, exclude_plan: str) -> list[float]:
+        return []
 
 
 class NullJournal:
@@ -72,7 +87,10 @@ def test_plan_survives_throttling_and_server_errors_without_duplicate_actions(ap
              ActionStep("p-1", StepKind.TAINT, "gpu-1", {"key": "kmend.io/fault", "value": "gpu_lost",
                                                          "effect": "NoSchedule"}),
              ActionStep("p-2", StepKind.EVENT, "gpu-1", {"reason": "KmendQuarantine", "message": "inc-1"}))
-    done = PlanExecutor(_kube(api), NullJournal(), LogNotifier(), sleep=lambda _s: None).execute(
+    kube = _kube(api)
+    ctx = StepContext(kube, KubeWorkloads(kube.api), LogNotifier(), load_policy(), NoRequests(), NoRequests(),
+                      time.time)
+    done = PlanExecutor(ctx, NullJournal(), sleep=lambda _s: None).execute(
         Plan("p", "inc-1", "quarantine-hardware", Mode.AUTO, steps))
     assert done.state is PlanState.SUCCEEDED and all(s.state is StepState.SUCCEEDED for s in done.steps)
     node = api.nodes["gpu-1"]
@@ -89,3 +107,16 @@ def test_event_names_the_node_and_reporting_component(api: FakeApiServer) -> Non
     assert ev["involvedObject"]["uid"] == api.nodes["gpu-1"]["metadata"]["uid"]
     assert ev["source"]["component"] == "kmend" and ev["reportingComponent"] == "kmend"
     assert ev["metadata"]["namespace"] == "default"
+
+
+def test_a_keyed_event_sent_again_after_a_crash_is_not_duplicated(api: FakeApiServer) -> None:
+    kube = _kube(api)
+    kube.emit_event(ClusterEvent("gpu-1", "KmendQuarantine", "incident inc-1", key="plan-1-4"))
+    kube.emit_event(ClusterEvent("gpu-1", "KmendQuarantine", "incident inc-1", key="plan-1-4"))  # 409 AlreadyExists
+    assert len(api.events) == 1
+    api.fail("POST", r"/events$", 504, "timeout")  # the write may or may not have landed: retried, still once
+    with pytest.raises(TemporaryError):
+        kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
+    kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
+    kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
+    assert [e["reason"] for e in api.events] == ["KmendQuarantine", "KmendRepairRequested"]

@@ -30,10 +30,16 @@ def _store(url: str) -> Store:
 def test_migration_creates_every_table_at_head(database_url: str) -> None:
     store = _store(database_url)
     tables = set(inspect(store.engine).get_table_names())
-    assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version"} <= tables
-    assert store.revision() == "0001"
+    assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version", "audit_log", "breaker",
+            "node_requests", "leases_seen"} <= tables
+    assert store.revision() == "0002"
     store.migrate()  # idempotent
-    assert store.revision() == "0001"
+    assert store.revision() == "0002"
+    from kmend.store import schema
+
+    for table in schema.metadata.tables.values():  # the migrations create exactly the declared columns
+        got = {c["name"] for c in inspect(store.engine).get_columns(table.name)}
+        assert got == {c.name for c in table.columns}, table.name
 
 
 def test_repeated_signal_ids_are_stored_and_analyzed_once(database_url: str, shipped_rules: list[Rule]) -> None:
@@ -102,3 +108,31 @@ def test_a_cause_adopting_two_symptom_incidents_leaves_one_active(database_url: 
     full = store.get_incident(active["id"])
     assert full is not None and {f["rule_id"] for f in full["findings"]} == {"xid-79", "nccl-watchdog-timeout"}
     assert len(full["findings"]) == 3 and sorted(full["jobs"]) == ["job-a", "job-b"]
+
+
+def test_healing_ledger_breaker_requests_audit_and_journal_counts(database_url: str) -> None:
+    from healer.records import ActionStep, Mode, Plan, StepKind, StepState
+    from healer.steps.base import RepairRequest
+
+    store = _store(database_url)
+    led = store.ledger
+    assert not led.breaker().tripped
+    first = led.trip_breaker(100.0, "5 of 40 GPU nodes")
+    again = led.trip_breaker(200.0, "later")
+    assert first.tripped and again.tripped_at == 100.0 and again.reason == "5 of 40 GPU nodes"
+    assert not led.reset_breaker(300.0, "alice").tripped and led.breaker().reset_by == "alice"
+    req = led.open(RepairRequest("plan-1-9", "gpu-1", "reset_gpu", {"gpu": "3"}))
+    assert led.open(RepairRequest("plan-1-9", "gpu-1", "reboot")).kind == "reset_gpu"  # idempotent by id
+    assert [r.id for r in led.requests_for("gpu-1")] == [req.id]
+    assert led.answer(req.id, "done", "reset").state == "done"  # type: ignore[union-attr]
+    assert led.answer(req.id, "failed", "late").state == "done"  # type: ignore[union-attr]
+    assert led.requests_for("gpu-1") == []
+    led.audit("alice", "POST", "/v1/breaker/reset", 200, {})
+    assert led.audit_entries()[0]["actor"] == "alice"
+    plan = Plan("plan-1", "inc-1", "r/p", Mode.AUTO, (ActionStep("plan-1-0", StepKind.CORDON, "gpu-1"),),
+                node="gpu-1", job="j")
+    store.save_plan(plan)
+    store.save_step(plan.id, ActionStep("plan-1-0", StepKind.CORDON, "gpu-1", state=StepState.RUNNING))
+    assert led.quarantined_nodes_since(0.0, exclude_plan="other") == {"gpu-1"}
+    assert led.quarantined_nodes_since(0.0, exclude_plan="plan-1") == set()
+    assert led.plans_started_since(0.0, exclude_plan="other") == 1

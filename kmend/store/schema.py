@@ -62,7 +62,11 @@ plans = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("body", JSON, nullable=False),
+    Column("node", String(253)),
+    Column("job", String(253)),
+    Column("started_at", Float),
     Index("ix_plans_incident", "incident_id"),
+    Index("ix_plans_node", "node"),
 )
 
 steps = Table(
@@ -76,4 +80,50 @@ steps = Table(
     Column("result", Text, nullable=False, default=""),
     Column("params", JSON, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("outputs", JSON),
+    Index("ix_plan_steps_kind_updated", "kind", "updated_at"),
+)
+
+audit_log = Table(
+    "audit_log", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Float, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("method", String(8), nullable=False),
+    Column("path", String(512), nullable=False),
+    Column("status", Integer, nullable=False),
+    Column("detail", JSON, nullable=False),
+    Index("ix_audit_ts", "ts"),
+)
+
+breaker = Table(
+    "breaker", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("tripped", Boolean, nullable=False),
+    Column("tripped_at", Float),
+    Column("reason", Text, nullable=False),
+    Column("reset_at", Float),
+    Column("reset_by", String(128), nullable=False),
+)
+
+node_requests = Table(
+    "node_requests", metadata,
+    Column("id", String(80), primary_key=True),
+    Column("node", String(253), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("result", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_node_requests_node", "node", "state"),
+)
+
+leases_seen = Table(
+    "leases_seen", metadata,
+    Column("name", String(253), primary_key=True),
+    Column("holder", String(253), nullable=False),
+    Column("resource_version", String(64), nullable=False),
+    Column("transitions", Integer, nullable=False),
+    Column("observed_at", Float, nullable=False),
 )

@@ -26,6 +26,7 @@ from kmend.serialize import (
     plan_to_dict,
 )
 from kmend.store import schema
+from kmend.store.ledger import Ledger
 
 Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
 """Signals → (new findings, changed incidents, merges as (merged incident id, surviving id))."""
@@ -67,6 +68,16 @@ class Store:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._seq_lock = threading.Lock()
         self._seq = 0
+        # Built once: the journal writes these on every step transition, and SQLAlchemy caches them compiled.
+        plan_stmt = self._insert(schema.plans)
+        self._plan_upsert = plan_stmt.on_conflict_do_update(
+            index_elements=["id"], set_={k: plan_stmt.excluded[k] for k in ("state", "mode", "updated_at", "body")})
+        step_stmt = self._insert(schema.steps)
+        self._step_upsert = step_stmt.on_conflict_do_update(
+            index_elements=["id"], set_={k: step_stmt.excluded[k] for k in ("state", "result", "updated_at",
+                                                                               "outputs")})
+        self.ledger = Ledger(self.engine, self._insert, clock)
+        """Breaker, brakes' counts, repair requests, audit log, leases seen."""
 
     @staticmethod
     def _engine_args(url: str) -> dict[str, Any]:
@@ -243,12 +254,9 @@ class Store:
         now = self.clock()
         with self.engine.begin() as conn:
             row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
-                   "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan)}
-            stmt = self._insert(schema.plans).values(row)
-            conn.execute(stmt.on_conflict_do_update(
-                index_elements=["id"],
-                set_={"state": stmt.excluded.state, "mode": stmt.excluded.mode,
-                      "updated_at": stmt.excluded.updated_at, "body": stmt.excluded.body}))
+                   "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
+                   "node": plan.node, "job": plan.job}
+            conn.execute(self._plan_upsert, row)
             for idx, s in enumerate(plan.steps):
                 self._upsert_step(conn, plan.id, idx, s, now)
 
@@ -258,32 +266,38 @@ class Store:
         with self.engine.begin() as conn:
             idx = int(step.id.rsplit("-", 1)[1])
             self._upsert_step(conn, plan_id, idx, step, now)
+            if step.state is StepState.RUNNING:
+                conn.execute(schema.plans.update().where(schema.plans.c.id == plan_id)
+                             .where(schema.plans.c.started_at.is_(None)).values(started_at=now))
 
     def _upsert_step(self, conn: Connection, plan_id: str, idx: int, s: ActionStep, now: float) -> None:
         row = {"id": s.id, "plan_id": plan_id, "idx": idx, "kind": s.kind.value, "node": s.node,
-               "state": s.state.value, "result": s.result, "params": dict(s.params), "updated_at": now}
-        stmt = self._insert(schema.steps).values(row)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=["id"],
-            set_={"state": stmt.excluded.state, "result": stmt.excluded.result,
-                  "updated_at": stmt.excluded.updated_at}))
+               "state": s.state.value, "result": s.result, "params": dict(s.params), "updated_at": now,
+               "outputs": dict(s.outputs)}
+        conn.execute(self._step_upsert, row)
 
-    def _plans(self, conn: Connection, incident_id: str | None = None,
-               plan_id: str | None = None) -> list[Plan]:
-        q = select(schema.plans.c.body).order_by(schema.plans.c.created_at)
+    def _plans(self, conn: Connection, incident_id: str | None = None, plan_id: str | None = None,
+               state: str | None = None, node: str | None = None) -> list[Plan]:
+        q = select(schema.plans.c.body).order_by(schema.plans.c.created_at, schema.plans.c.id)
         if incident_id:
             q = q.where(schema.plans.c.incident_id == incident_id)
         if plan_id:
             q = q.where(schema.plans.c.id == plan_id)
+        if state:
+            q = q.where(schema.plans.c.state == state)
+        if node:
+            q = q.where(schema.plans.c.node == node)
         plans = [plan_from_dict(r[0]) for r in conn.execute(q)]
         out = []
         for p in plans:
             # The step table is the journal: it is newer than the plan body.
-            rows = conn.execute(select(schema.steps.c.id, schema.steps.c.state, schema.steps.c.result)
+            rows = conn.execute(select(schema.steps.c.id, schema.steps.c.state, schema.steps.c.result,
+                                       schema.steps.c.outputs)
                                 .where(schema.steps.c.plan_id == p.id)).all()
-            by_id = {r[0]: (r[1], r[2]) for r in rows}
+            by_id = {r[0]: (r[1], r[2], r[3]) for r in rows}
             steps = tuple(
-                replace(s, state=StepState(by_id[s.id][0]), result=by_id[s.id][1]) if s.id in by_id else s
+                replace(s, state=StepState(by_id[s.id][0]), result=by_id[s.id][1],
+                        outputs=dict(by_id[s.id][2] or {})) if s.id in by_id else s
                 for s in p.steps
             )
             out.append(replace(p, steps=steps))
@@ -295,11 +309,11 @@ class Store:
             found = self._plans(conn, plan_id=plan_id)
             return found[0] if found else None
 
-    def list_plans(self, *, state: str | None = None) -> list[Plan]:
-        """All plans, oldest first."""
+    def list_plans(self, *, state: str | None = None, node: str | None = None) -> list[Plan]:
+        """All plans (in one state, about one node), oldest first."""
         with self.engine.connect() as conn:
-            plans = self._plans(conn)
-        return [p for p in plans if state is None or p.state.value == state]
+            plans = self._plans(conn, state=state, node=node)
+        return plans
 
     def plan_ids(self) -> set[str]:
         """Ids of all stored plans."""

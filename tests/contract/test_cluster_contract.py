@@ -142,3 +142,27 @@ def test_new_node_is_not_ready_tainted_until_ready() -> None:
     assert any(t.key == "node.kubernetes.io/not-ready" for t in c.get_node("fresh").taints)
     c.set_condition("fresh", Condition("Ready", "True", "KubeletReady", "ok"))
     assert not any(t.key == "node.kubernetes.io/not-ready" for t in c.get_node("fresh").taints)
+
+
+def test_node_metadata_patch_touches_only_named_keys(cluster: tuple[Cluster, NodeFactory]) -> None:
+    c, make = cluster
+    n = make()
+    c.patch_node_metadata(n, labels={"kmend.io/quarantined": "true"},
+                          annotations={"kmend.io/quarantined-by": "kmend", "kmend.io/plan": "plan-1"})
+    c.patch_node_metadata(n, labels={"kmend.io/quarantined": "true"})  # again: no change
+    info = c.get_node(n)
+    assert info.labels["kmend.io/quarantined"] == "true" and info.labels["kmend.io/test"] == "true"
+    assert info.annotations["kmend.io/quarantined-by"] == "kmend"
+    c.patch_node_metadata(n, labels={"kmend.io/quarantined": None}, annotations={"kmend.io/plan": None})
+    info = c.get_node(n)
+    assert "kmend.io/quarantined" not in info.labels and "kmend.io/plan" not in info.annotations
+    assert info.annotations["kmend.io/quarantined-by"] == "kmend"
+
+
+def test_keyed_event_is_recorded_once(cluster: tuple[Cluster, NodeFactory]) -> None:
+    c, make = cluster
+    n = make()
+    c.emit_event(ClusterEvent(n, "KmendQuarantine", "incident inc-2", key=f"plan-{n}-4"))
+    c.emit_event(ClusterEvent(n, "KmendQuarantine", "incident inc-2", key=f"plan-{n}-4"))
+    if isinstance(c, SimCluster):
+        assert len([e for e in c.events if e.key == f"plan-{n}-4"]) == 1

@@ -1,0 +1,145 @@
+"""Safety brakes checked before a step runs: circuit breaker, hourly rate, one restart per job per window.
+
+Counts come from the journal (the ledger), not from memory, so they hold across restarts and replicas.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from healer.cluster import NodeInfo
+from healer.policy_file import Safety
+from healer.records import ActionStep, Plan, StepKind, StepState
+
+GPU_NODE_LABELS = ("nvidia.com/gpu.count", "nvidia.com/gpu.present", "nvidia.com/gpu.product")
+"""Labels that mark a GPU node (set by GPU feature discovery)."""
+OPERATOR_POLICY_PREFIX = "operator/"
+"""Plans an operator asked for through the API: the breaker does not stop them (they still count)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    """The circuit breaker as stored."""
+
+    tripped: bool
+    """While True, no automatic quarantine runs."""
+    tripped_at: float | None = None
+    """When it tripped."""
+    reason: str = ""
+    """Why it tripped, with numbers."""
+    reset_at: float | None = None
+    """When an operator last reset it."""
+    reset_by: str = ""
+    """Who reset it."""
+
+
+class SafetyLedger(Protocol):
+    """Durable safety state and the journal queries the brakes need.
+
+    Guarantees: ``trip_breaker`` keeps the first trip's time and reason while tripped; counts include
+    steps that are running (a crash mid-step still counts).
+    """
+
+    def breaker(self) -> BreakerState:
+        """Current breaker state."""
+        ...
+
+    def trip_breaker(self, at: float, reason: str) -> BreakerState:
+        """Trip it (no-op when already tripped)."""
+        ...
+
+    def reset_breaker(self, at: float, by: str) -> BreakerState:
+        """Close it again."""
+        ...
+
+    def quarantined_nodes_since(self, since: float, *, exclude_plan: str) -> set[str]:
+        """Nodes cordoned (or being cordoned) by plans since `since`."""
+        ...
+
+    def plans_started_since(self, since: float, *, exclude_plan: str) -> int:
+        """Plans whose first step ran since `since`."""
+        ...
+
+    def restarts_of(self, job: str, *, exclude_plan: str) -> list[float]:
+        """Times of finished restarts of this job by other plans, oldest first."""
+        ...
+
+
+class VerdictKind(StrEnum):
+    """What the brakes say about a step."""
+
+    ALLOW = "allow"
+    WAIT = "wait"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The brakes' answer."""
+
+    kind: VerdictKind
+    """Allow, wait (retry later) or block (stop the plan until an operator acts)."""
+    reason: str = ""
+    """Why, with numbers."""
+    tripped: bool = False
+    """This check tripped the breaker (announce it once)."""
+
+
+ALLOW = Verdict(VerdictKind.ALLOW)
+
+
+def gpu_nodes(nodes: Sequence[NodeInfo]) -> int:
+    """GPU nodes in the cluster (all nodes when none carries a GPU label)."""
+    n = sum(1 for x in nodes if any(k in x.labels for k in GPU_NODE_LABELS))
+    return n or len(nodes)
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%H:%M:%SZ")
+
+
+class Guard:
+    """Applies the brakes of a policy's ``safety`` section."""
+
+    def __init__(self, ledger: SafetyLedger, safety: Safety, nodes: Callable[[], Sequence[NodeInfo]],
+                 clock: Callable[[], float]) -> None:
+        self.ledger = ledger
+        self.safety = safety
+        self.nodes = nodes
+        self.clock = clock
+
+    def check(self, plan: Plan, step: ActionStep) -> Verdict:
+        """Whether `step` of `plan` may run now."""
+        now = self.clock()
+        s = self.safety
+        started = any(x.state is not StepState.PENDING for x in plan.steps)
+        if not started and step.node and not plan.policy.startswith(OPERATOR_POLICY_PREFIX):
+            n = self.ledger.plans_started_since(now - 3600, exclude_plan=plan.id)
+            if n >= s.max_plans_per_hour:
+                return Verdict(VerdictKind.WAIT, f"rate limit: {n} plans acted in the last hour "
+                                                 f"(max {s.max_plans_per_hour}); retried later")
+        if step.kind is StepKind.CORDON and not plan.policy.startswith(OPERATOR_POLICY_PREFIX):
+            breaker = self.ledger.breaker()
+            if breaker.tripped:
+                return Verdict(VerdictKind.BLOCK, f"circuit breaker tripped: {breaker.reason}; "
+                                                  "reset it with POST /v1/breaker/reset")
+            recent = self.ledger.quarantined_nodes_since(now - s.breaker_window_s, exclude_plan=plan.id)
+            recent.add(step.node or "")
+            total = gpu_nodes(self.nodes())
+            # One node is always allowed: in a small cluster 10% is less than one node.
+            if total and len(recent) > max(1.0, s.breaker_max_fraction * total):
+                reason = (f"quarantining {step.node} would make {len(recent)} of {total} GPU nodes quarantined "
+                          f"within {s.breaker_window_s:.0f} s (more than {s.breaker_max_fraction:.0%})")
+                self.ledger.trip_breaker(now, reason)
+                return Verdict(VerdictKind.BLOCK, f"circuit breaker tripped: {reason}", tripped=True)
+        if step.kind is StepKind.RESTART_JOB and "old_uids" not in step.outputs and plan.job:
+            last = self.ledger.restarts_of(plan.job, exclude_plan=plan.id)
+            if last and now - last[-1] < s.job_restart_window_s:
+                until = last[-1] + s.job_restart_window_s
+                return Verdict(VerdictKind.WAIT, f"job {plan.job} was restarted at {_when(last[-1])}: one restart "
+                                                 f"per {s.job_restart_window_s:.0f} s; next at {_when(until)}")
+        return ALLOW

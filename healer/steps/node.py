@@ -1,0 +1,113 @@
+"""Quarantine and return: cordon, taint, who/why/when labels, condition, Event; back to the spare pool."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from healer.cluster import ClusterEvent, Condition, PermanentError, Taint
+from healer.keys import (
+    CONDITION_TYPE,
+    FAULT_TAINT_KEY,
+    QUARANTINE_PLAN,
+    QUARANTINE_REASON,
+    QUARANTINED_AT,
+    QUARANTINED_BY,
+    QUARANTINED_LABEL,
+    REPAIR_DONE,
+    REPAIR_REQUEST,
+    SPARE_FOR,
+    SPARE_LABEL,
+    SPARE_PLAN,
+    SPARE_TAINT_KEY,
+)
+from healer.records import ActionStep, Plan, StepKind
+from healer.steps.base import StepContext, StepOutcome, done, skipped
+
+
+def _node(step: ActionStep) -> str:
+    if not step.node:
+        raise PermanentError(f"step {step.kind.value} needs a node")
+    return step.node
+
+
+def rfc3339(ts: float) -> str:
+    """Kubernetes time format."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cordon(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """Mark the node unschedulable."""
+    node = _node(step)
+    ctx.cluster.cordon(node)
+    return done(f"cordoned {node}")
+
+
+def taint(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """Add the fault taint."""
+    node, p = _node(step), step.params
+    ctx.cluster.add_taint(node, Taint(p["key"], p["value"], p["effect"]))
+    return done(f"tainted {node} {p['key']}={p['value']}:{p['effect']}")
+
+
+def label(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """Who, why and when, as a label and annotations (``when`` is fixed at plan creation: idempotent)."""
+    node, p = _node(step), step.params
+    ctx.cluster.patch_node_metadata(
+        node, labels={QUARANTINED_LABEL: "true"},
+        annotations={QUARANTINED_BY: p["by"], QUARANTINE_REASON: p["reason"], QUARANTINED_AT: p["at"],
+                     QUARANTINE_PLAN: plan.id})
+    return done(f"labelled {node} {QUARANTINED_LABEL}=true (by {p['by']})")
+
+
+def condition(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """Set kmend's node condition."""
+    node, p = _node(step), step.params
+    ctx.cluster.set_condition(node, Condition(p["type"], p["status"], p["reason"], p["message"]))
+    return done(f"condition {p['type']}={p['status']} on {node}")
+
+
+def event(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """Record an Event on the node, once (keyed by the step id)."""
+    node, p = _node(step), step.params
+    ctx.cluster.emit_event(ClusterEvent(node, p["reason"], p["message"], p.get("type", "Warning"), key=step.id))
+    return done(f"event {p['reason']} on {node}")
+
+
+def notify(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """Tell a person; the step id is the receiver's idempotency key."""
+    ctx.notifier.notify({"event": "notification", "step": step.id, "plan": plan.id, "incident": plan.incident_id,
+                         "node": step.node, **step.params})
+    return done(f"notified {step.params.get('to', '')}".strip())
+
+
+def return_to_pool(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """A validated node goes back as a spare: spare taint first, then the fault comes off and it is uncordoned."""
+    node = _node(step)
+    info = ctx.cluster.get_node(node)
+    if info.annotations.get(QUARANTINE_PLAN, plan.id) != plan.id:
+        return skipped(f"{node} is held by plan {info.annotations[QUARANTINE_PLAN]}; left as it is")
+    ctx.cluster.add_taint(node, Taint(SPARE_TAINT_KEY, "", "NoSchedule"))
+    ctx.cluster.patch_node_metadata(
+        node, labels={SPARE_LABEL: "true", QUARANTINED_LABEL: None},
+        annotations={QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None,
+                     REPAIR_REQUEST: None, REPAIR_DONE: None, SPARE_FOR: None, SPARE_PLAN: None})
+    ctx.cluster.set_condition(node, Condition(CONDITION_TYPE, "True", "Validated",
+                                              f"validated after incident {plan.incident_id}; returned as a spare"))
+    ctx.cluster.remove_taint(node, FAULT_TAINT_KEY)
+    ctx.cluster.uncordon(node)
+    ctx.cluster.emit_event(ClusterEvent(node, "KmendReturnedToPool",
+                                        f"kmend plan {plan.id}: {node} validated and returned to the spare pool",
+                                        "Normal", key=step.id))
+    return done(f"{node} returned to the spare pool")
+
+
+RUNNERS = {
+    StepKind.CORDON: cordon,
+    StepKind.TAINT: taint,
+    StepKind.LABEL: label,
+    StepKind.CONDITION: condition,
+    StepKind.EVENT: event,
+    StepKind.NOTIFY: notify,
+    StepKind.RETURN: return_to_pool,
+}
+"""Runners of the node steps by kind."""

@@ -1,0 +1,295 @@
+"""The healer loop and the runbook operations: plans for incidents, approvals, breaker, spares, node requests.
+
+Only the replica holding the Lease plans and acts; every plan and step goes through the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from analyzer.records import Incident, IncidentState
+from healer.cluster import ClusterEvent, Condition, NotFoundError
+from healer.executor import PlanExecutor, describe
+from healer.jobs import pods_of_job
+from healer.keys import (
+    CONDITION_TYPE,
+    FAULT_TAINT_KEY,
+    MANAGED_LABEL,
+    QUARANTINE_PLAN,
+    QUARANTINE_REASON,
+    QUARANTINED_AT,
+    QUARANTINED_BY,
+    QUARANTINED_LABEL,
+)
+from healer.notify import Announcement, Notifier, announce
+from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
+from healer.policy_file import PolicyFile
+from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, StepState
+from healer.safety import BreakerState, Guard
+from healer.spares import Spare, pool
+from healer.steps.base import RepairRequest, StepContext
+from healer.workloads import ObjectKey, Workloads
+from kmend.metrics import Metrics
+from kmend.store import Store
+
+log = logging.getLogger("kmend.healer")
+
+ACTIVE = (IncidentState.OPEN, IncidentState.REMEDIATING)
+
+
+class Leader(Protocol):
+    """Whether this replica may act (``healer.lease.LeaderElector`` or ``AlwaysLeader``)."""
+
+    def is_leader(self) -> bool:
+        """True while this replica holds the lease."""
+        ...
+
+    def tick(self) -> bool:
+        """Acquire or renew; returns is_leader afterwards."""
+        ...
+
+
+class NotAllowed(Exception):
+    """The operation does not apply to the object in its current state (HTTP 409)."""
+
+
+class Healing:
+    """Plans, executes and exposes the runbook operations. Thread-safe (one healing round at a time)."""
+
+    def __init__(self, store: Store, ctx: StepContext, policy: PolicyFile, config: PolicyConfig, leader: Leader,
+                 metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None) -> None:
+        self.store = store
+        self.ctx = ctx
+        self.policy = policy
+        self.config = config
+        self.leader = leader
+        self.metrics = metrics
+        self.symptom_settle_s = symptom_settle_s
+        self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock)
+        kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
+        self.executor = PlanExecutor(ctx, store, guard=self.guard, is_leader=leader.is_leader,
+                                     on_step=self._count_step, on_plan=self._announce, **kwargs)
+        self.lock = threading.RLock()
+        self._first_seen: dict[str, float] = {}
+
+    @property
+    def notifier(self) -> Notifier:
+        """Where announcements go."""
+        return self.ctx.notifier
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    def heal_once(self, incidents: Sequence[Incident],
+                  set_state: Callable[[str, IncidentState, str], None]) -> list[Plan]:
+        """Resume unfinished plans, then plan for new incidents; acts only while leading."""
+        with self.lock:
+            if not self.leader.tick():
+                self.metrics.leader.set(0)
+                return []
+            self.metrics.leader.set(1)
+            touched = [self._run(p, set_state) for p in self.store.list_plans(state=PlanState.RUNNING.value)]
+            # A plan saved but not yet started when the process died is picked up here.
+            for p in self.store.list_plans(state=PlanState.PENDING.value):
+                if p.mode is Mode.APPROVAL:
+                    p = replace(p, state=PlanState.AWAITING_APPROVAL)
+                    self.store.save_plan(p)
+                    self._announce(Announcement.NEEDS_APPROVAL, p)
+                    touched.append(p)
+                else:
+                    touched.append(self._run(p, set_state))
+            known = self.store.plan_ids()
+            now = self.ctx.clock()
+            for inc in incidents:
+                if inc.state not in ACTIVE or plan_id_for(inc) in known:
+                    continue
+                first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
+                if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
+                    continue  # the cause may still arrive (kernel logs can lag container logs)
+                plan = choose_plan(inc, self.policy, self.config, self._context(inc, now))
+                self.store.save_plan(plan)
+                self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
+                self._announce(Announcement.PLAN_CREATED, plan)
+                if plan.mode is Mode.APPROVAL:
+                    plan = replace(plan, state=PlanState.AWAITING_APPROVAL)
+                    self.store.save_plan(plan)
+                    self._announce(Announcement.NEEDS_APPROVAL, plan)
+                else:
+                    plan = self._run(plan, set_state)
+                touched.append(plan)
+            return touched
+
+    def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
+        done = self.executor.execute(plan)
+        if done.incident_id:
+            quarantined = any(s.kind is StepKind.EVENT and s.state is StepState.SUCCEEDED for s in done.steps)
+            if done.state is PlanState.SUCCEEDED and any(s.node for s in done.steps if s.kind is StepKind.RETURN):
+                set_state(done.incident_id, IncidentState.RESOLVED, f"plan {done.id} returned {done.node} to the pool")
+            elif quarantined:
+                set_state(done.incident_id, IncidentState.REMEDIATING, f"node {done.node} quarantined by {done.id}")
+        return done
+
+    def _context(self, inc: Incident, now: float) -> PlanContext:
+        node = inc.root_cause.node
+        labels: dict[str, str] = {}
+        opted_out = ""
+        if node:
+            try:
+                info = self.ctx.cluster.get_node(node)
+                labels = dict(info.labels)
+                if info.labels.get(MANAGED_LABEL) == "false":
+                    opted_out = f"node {node} has {MANAGED_LABEL}=false"
+            except NotFoundError:
+                pass
+        namespace = None
+        if inc.root_cause.job:
+            pods = pods_of_job(self.ctx.workloads.list_pods(), inc.root_cause.job)
+            if pods:
+                namespace = pods[0].namespace
+                opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, inc.root_cause.job,
+                                                         [dict(p.labels) for p in pods[:1]])
+        held = None
+        in_cooldown = False
+        if node:
+            for p in self.store.list_plans(node=node):
+                if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
+                    held = p.id
+                elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
+                        and any(s.kind is StepKind.CORDON for s in p.steps):
+                    in_cooldown = True
+        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown)
+
+    @staticmethod
+    def _opted_out(workloads: Workloads, namespace: str, job: str, pod_labels: list[dict[str, str]]) -> str:
+        ns = workloads.get_object(ObjectKey("v1", "Namespace", "", namespace)) or {}
+        if ns.get("metadata", {}).get("labels", {}).get(MANAGED_LABEL) == "false":
+            return f"namespace {namespace} has {MANAGED_LABEL}=false"
+        if any(labels.get(MANAGED_LABEL) == "false" for labels in pod_labels):
+            return f"job {job} has {MANAGED_LABEL}=false"
+        return ""
+
+    def _count_step(self, plan: Plan, step: Any) -> None:
+        self.metrics.actions.labels(step.kind.value, step.state.value).inc()
+
+    def _announce(self, what: Announcement, plan: Plan) -> None:
+        if what is Announcement.BREAKER_TRIPPED:
+            self.metrics.breaker.set(1)
+        announce(self.notifier, what, {
+            "plan": plan.id, "incident": plan.incident_id, "node": plan.node, "job": plan.job,
+            "namespace": plan.namespace, "fault_class": plan.fault_class, "state": plan.state.value,
+            "mode": plan.mode.value, "policy": plan.policy, "reason": plan.reason, "ts": self.ctx.clock(),
+            "message": f"kmend {what.value.replace('_', ' ')}: {plan.policy} for "
+                       f"{plan.node or plan.job or plan.incident_id} ({plan.state.value})",
+        })
+
+    # -- runbook operations (the API calls these) ---------------------------------------------------------
+
+    def plan(self, plan_id: str) -> Plan:
+        """One plan or KeyError."""
+        found = self.store.get_plan(plan_id)
+        if found is None:
+            raise KeyError(plan_id)
+        return found
+
+    def approve(self, plan_id: str, by: str, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
+        """Run a plan that waits for approval."""
+        with self.lock:
+            plan = self.plan(plan_id)
+            if plan.state is not PlanState.AWAITING_APPROVAL:
+                raise NotAllowed(f"plan {plan_id} is {plan.state.value}, not awaiting approval")
+            plan = replace(plan, mode=Mode.AUTO, state=PlanState.RUNNING, reason=f"{plan.reason} | approved by {by}")
+            self.store.save_plan(plan)
+            return self._run(plan, set_state)
+
+    def reject(self, plan_id: str, by: str) -> Plan:
+        """Refuse a plan that waits for approval (or is blocked)."""
+        with self.lock:
+            plan = self.plan(plan_id)
+            if plan.state not in (PlanState.AWAITING_APPROVAL, PlanState.BLOCKED, PlanState.PENDING):
+                raise NotAllowed(f"plan {plan_id} is {plan.state.value}: only waiting plans can be rejected")
+            plan = replace(plan, state=PlanState.REJECTED, reason=f"{plan.reason} | rejected by {by}")
+            self.store.save_plan(plan)
+            return plan
+
+    def execute(self, plan_id: str, by: str, set_state: Callable[[str, IncidentState, str], None], *,
+                dry_run: bool) -> tuple[Plan, list[dict[str, str]]]:
+        """Preview (dry run) or run a plan now: an approval, a blocked plan after a breaker reset, a dry-run plan."""
+        with self.lock:
+            plan = self.plan(plan_id)
+            preview = [{"step": s.id, "kind": s.kind.value, "state": s.state.value, "would": describe(s)}
+                       for s in plan.steps if s.state not in (StepState.SUCCEEDED,)]
+            if dry_run:
+                return plan, preview
+            if plan.state in (PlanState.SUCCEEDED, PlanState.REJECTED, PlanState.CANCELLED, PlanState.RUNNING):
+                raise NotAllowed(f"plan {plan_id} is {plan.state.value}")
+            if plan.state is PlanState.BLOCKED and self.store.ledger.breaker().tripped \
+                    and any(s.kind is StepKind.CORDON and s.state is not StepState.SUCCEEDED for s in plan.steps):
+                raise NotAllowed("the circuit breaker is tripped: reset it first (POST /v1/breaker/reset)")
+            steps = tuple(replace(s, state=StepState.PENDING, result="") if s.state in (
+                StepState.SKIPPED, StepState.FAILED) else s for s in plan.steps)
+            plan = replace(plan, mode=Mode.AUTO, state=PlanState.RUNNING, steps=steps,
+                           reason=f"{plan.reason.split(' | ')[0]} | executed by {by}")
+            self.store.save_plan(plan)
+            return self._run(plan, set_state), preview
+
+    def quarantine(self, node: str, by: str, reason: str) -> Plan:
+        """An operator's quarantine, journaled like any plan."""
+        with self.lock:
+            self.ctx.cluster.get_node(node)  # NotFoundError → 404
+            plan = operator_quarantine_plan(node, by, reason, self.ctx.clock())
+            self.store.save_plan(plan)
+            return self.executor.execute(plan)
+
+    def release(self, node: str, by: str) -> list[str]:
+        """An operator puts the node back in service: kmend's plans for it are cancelled, its marks removed."""
+        with self.lock:
+            self.ctx.cluster.get_node(node)
+            cancelled = []
+            for p in self.store.list_plans(node=node):
+                if p.state not in FINAL_PLAN_STATES:
+                    self.store.save_plan(replace(p, state=PlanState.CANCELLED,
+                                                 reason=f"{p.reason} | node released by {by}"))
+                    cancelled.append(p.id)
+            c = self.ctx.cluster
+            c.patch_node_metadata(node, labels={QUARANTINED_LABEL: None}, annotations={
+                QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None})
+            c.remove_taint(node, FAULT_TAINT_KEY)
+            c.set_condition(node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
+            c.uncordon(node)
+            c.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
+            return cancelled
+
+    def breaker(self) -> BreakerState:
+        """The breaker (and its gauge)."""
+        state = self.store.ledger.breaker()
+        self.metrics.breaker.set(1 if state.tripped else 0)
+        return state
+
+    def reset_breaker(self, by: str) -> BreakerState:
+        """Close the breaker; blocked plans wait for an operator to execute them."""
+        state = self.store.ledger.reset_breaker(self.ctx.clock(), by)
+        self.metrics.breaker.set(0)
+        return state
+
+    def spares(self) -> list[Spare]:
+        """The spare pool (and its gauges)."""
+        found = pool(self.ctx.cluster.list_nodes(), self.policy.topology_keys)
+        for state in ("available", "in-use", "unhealthy"):
+            self.metrics.spares.labels(state).set(sum(1 for s in found if s.state == state))
+        return found
+
+    def requests(self, node: str, *, pending_only: bool = True) -> list[RepairRequest]:
+        """Repair requests for a node (the agent polls these)."""
+        return self.store.ledger.requests_for(node, pending_only=pending_only)
+
+    def answer(self, node: str, request_id: str, state: str, result: str) -> RepairRequest:
+        """The agent or the platform reports a request done or failed."""
+        req = self.store.ledger.get(request_id)
+        if req is None or req.node != node:
+            raise KeyError(request_id)
+        answered = self.store.ledger.answer(request_id, state, result)
+        assert answered is not None
+        return answered
