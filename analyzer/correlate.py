@@ -26,6 +26,31 @@ from analyzer.records import (
 DEFAULT_WINDOW_S = 1200.0
 """How far apart a cause and its symptoms may be: NCCL's default 600 s timeout plus margin."""
 
+JOB_FAILURE_CLASSES = frozenset({FaultClass.NCCL_TIMEOUT, FaultClass.NCCL_ERROR, FaultClass.HANG})
+"""Symptoms of one job-wide failure: every rank's timeout, the hang, torchrun's ChildFailedError."""
+
+NARROWING_RULES = {"flight-recorder": 3, "hang-detector": 2}
+"""Detectors that can name the culprit rank of a job-wide failure, most specific first.
+
+Without a hardware cause, a job-failure incident's root is, in order: the ranks the
+Flight Recorder found missing from the collective, then the rank whose progress
+stopped first (hang detector), then whatever symptom came first.
+"""
+
+
+def narrowing(f: Finding) -> int:
+    """How precisely a symptom names the culprit: 0 not at all, 1 the job only, 2+ a rank or node."""
+    p = NARROWING_RULES.get(f.rule_id, 0)
+    if p and f.where.rank is None and f.where.node is None:
+        return 1
+    return p
+
+
+def is_job_failure(f: Finding) -> bool:
+    """Whether a symptom belongs to the job-wide failure family (folded into one incident per job)."""
+    return f.fault_class in JOB_FAILURE_CLASSES or bool(
+        f.symptom_of & {FaultClass.NCCL_TIMEOUT, FaultClass.NCCL_ERROR})
+
 
 def incident_id_for(finding: Finding) -> str:
     """Stable incident id derived from the finding that opened it."""
@@ -210,7 +235,11 @@ class Correlator:
 
     def _same_symptom(self, f: Finding) -> _Draft | None:
         for d in self._open_drafts():
-            if not d.symptom_only or d.root.fault_class != f.fault_class or not self._near(d, f.ts):
+            if not d.symptom_only or not self._near(d, f.ts):
+                continue
+            same_kind = d.root.fault_class == f.fault_class or (
+                is_job_failure(f) and is_job_failure(d.root) and f.where.job is not None)
+            if not same_kind:
                 continue
             if f.where.job is not None and f.where.job == d.root.where.job:
                 return d
@@ -271,6 +300,13 @@ class Correlator:
         d.findings.append(f)
         d.note_ts(f.ts)
         self._by_finding[f.id] = d.id
+        if d.symptom_only and narrowing(f) > narrowing(d.root):
+            # A detector that names the culprit becomes the root of a job-wide failure.
+            d.findings.remove(f)
+            d.findings.insert(0, f)
+            d.root = f
+            who = f"rank {f.where.rank} on {f.where.node}" if f.where.rank is not None else f"{f.where.node}"
+            d.timeline.append(TimelineEntry(f.ts, f"root cause narrowed by {f.rule_id}: {who}"))
 
     def _view(self, d: _Draft) -> Incident:
         root = d.root
@@ -283,6 +319,9 @@ class Correlator:
             rc = replace(rc, job=next(iter(jobs)))
         if d.symptom_only:
             rc = self._symptom_root(d)
+        elif not root.hardware and len({f.where.node for f in causes}) > 1:
+            # The same application fault on many nodes is the job's, not any one node's.
+            rc = Location(job=rc.job)
         return Incident(
             id=d.id, fault_class=root.fault_class, severity=severity, hardware=root.hardware,
             recommended_action=action, root_cause=rc, opened_at=d.first_ts, updated_at=d.last_ts,
@@ -292,8 +331,10 @@ class Correlator:
 
     @staticmethod
     def _symptom_root(d: _Draft) -> Location:
-        # Without a hardware cause, name only what all symptoms agree on (the job);
-        # detectors (hang, flight recorder) narrow it to a rank later.
+        # Without a hardware cause, name only what all symptoms agree on (the job),
+        # unless a detector (flight recorder, hang) named the culprit rank or node.
+        if narrowing(d.root) >= 2:
+            return d.root.where
         nodes = {f.where.node for f in d.findings}
         root = d.root.where
         return Location(

@@ -9,7 +9,19 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from kmend.api import alerts, audit, breaker, fluentbit, health, incidents, nodes, plans, signals, spares
+from kmend.api import (
+    alerts,
+    audit,
+    breaker,
+    flight_recorder,
+    fluentbit,
+    health,
+    incidents,
+    nodes,
+    plans,
+    signals,
+    spares,
+)
 from kmend.service import Kmend
 from kmend.settings import Settings
 
@@ -41,8 +53,8 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
     app = FastAPI(title="kmend", version="0.1.0", lifespan=lifespan)
     app.state.kmend = kmend
     app.state.settings = settings
-    for r in (signals.router, fluentbit.router, alerts.router, incidents.router, nodes.router, health.router,
-              plans.router, spares.router, breaker.router, audit.router):
+    for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
+              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router):
         app.include_router(r)
 
     @app.middleware("http")

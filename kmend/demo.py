@@ -82,6 +82,10 @@ def run_demo(*, nodes: int = 16, gpus: int = 8, job_nodes: int = 8, fault_node: 
             _post(client, job.nccl_timeouts(t_fault + 600, seq=steps * 4 + 1))
             say(f"  600 s later every surviving rank reports an NCCL watchdog timeout "
                 f"({job.world_size} lines)")
+            # Run the detectors now rather than on the loop's next tick, so the summary is the same every run.
+            hang = [f for f in kmend.evaluate().findings if f.fault_class.value == "hang"]
+            if hang:
+                say(f"  hang detector: {hang[0].message}")
             healed = _wait_for(client, bad, timeout_s)
             summary = _summary(client, kmend.actions(), healed, time.monotonic() - started)
         kmend.store.close()

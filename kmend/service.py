@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.correlate import Correlator
+from analyzer.detectors.hang import HangConfig
+from analyzer.detectors.straggler import StragglerConfig
+from analyzer.detectors.suite import DetectorSuite
 from analyzer.pipeline import Analyzer
+from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding, Incident, IncidentState
 from analyzer.rules import Rule
 from collector.signal import Signal
@@ -44,6 +48,8 @@ class HealerConfig:
     """Seconds to wait for a cause before acting on a symptom-only incident."""
     interval_s: float = 0.5
     """Loop period when nothing wakes it."""
+    detector_interval_s: float = 1.0
+    """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
 
 
 class Kmend:
@@ -67,6 +73,10 @@ class Kmend:
         namespace: str = "kmend-system",
         sleep: Callable[[float], None] | None = None,
         scheduler: GangScheduler | None = None,
+        progress_rules: Sequence[ProgressRule] = (),
+        hang: HangConfig | None = None,
+        straggler: StragglerConfig | None = None,
+        flight_recorder_settle_s: float = 10.0,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -76,8 +86,13 @@ class Kmend:
         self.healer = healer or HealerConfig(PolicyConfig())
         self.clock = clock
         self.window_s = correlation_window_s
-        self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s))
         self.scheduler = scheduler
+        self.detectors = DetectorSuite(progress_rules, hang=hang, straggler=straggler,
+                                       flight_recorder_settle_s=flight_recorder_settle_s)
+        self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s),
+                                 detectors=self.detectors)
+        self._watermark = (0.0, 0.0)
+        self._next_evaluation = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None)
@@ -107,7 +122,8 @@ class Kmend:
                 st = states.get(inc.id)
                 if st and st != inc.state.value:
                     corr.set_state(inc.id, IncidentState(st), now, "restored")
-            self.analyzer = Analyzer(self.rules, correlator=corr)
+            # The detectors keep their state: a rolled-back batch comes again and is folded idempotently.
+            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors)
             self._refresh_open_gauge()
 
     # -- ingest --------------------------------------------------------------------
@@ -125,15 +141,60 @@ class Kmend:
             self.metrics.signals.labels(src).inc(n)
         if outcome.duplicates:
             self.metrics.duplicates.inc(outcome.duplicates)
+        self._count(outcome)
+        return outcome
+
+    def _count(self, outcome: IngestOutcome) -> None:
         for f in outcome.findings:
             self.metrics.findings.labels(f.fault_class.value).inc()
         if outcome.incidents:
             self._refresh_open_gauge()
             self._wake.set()
+
+    # -- detectors ---------------------------------------------------------------
+
+    def detector_now(self) -> float:
+        """The detectors' "now": signal time advanced by the wall time since it was last seen.
+
+        Live, this is the clock. For replayed or back-dated signals it is their own
+        timeline, so an hour-old trace does not look like an hour-long stall; it never
+        runs ahead of the clock.
+        """
+        wall = self.clock()
+        mark = self.detectors.watermark
+        seen, at = self._watermark
+        if mark > seen:
+            self._watermark = (mark, wall)
+            seen, at = mark, wall
+        if seen <= 0:
+            return wall
+        return min(wall, seen + (wall - at))
+
+    def evaluate(self, now: float | None = None) -> IngestOutcome:
+        """Run the detectors once and store their findings (the healer loop calls this periodically)."""
+        with self._lock:
+            t = self.detector_now() if now is None else now
+            try:
+                outcome = self.store.record(lambda: self._evaluate(t))
+            except Exception:
+                self.rebuild()
+                raise
+        self._count(outcome)
         return outcome
+
+    def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
+        """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""
+        with self._lock:
+            self.detectors.add_flight_recorder_dump(job, rank, node, data, self.detector_now(),
+                                                    source=source or f"{node}/flight-recorder/{job}/{rank}")
+        self._wake.set()
 
     def _analyze(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         found, changed = self.analyzer.process(signals)
+        return found, changed, self.analyzer.correlator.take_merges()
+
+    def _evaluate(self, now: float) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
+        found, changed = self.analyzer.evaluate(now)
         return found, changed, self.analyzer.correlator.take_merges()
 
     def incidents(self) -> list[Incident]:
@@ -166,6 +227,12 @@ class Kmend:
     def run_healer(self, stop: threading.Event) -> None:
         """Healer loop: runs until `stop` is set; a failing round is logged, never fatal."""
         while not stop.is_set():
+            try:
+                if self.clock() >= self._next_evaluation:
+                    self._next_evaluation = self.clock() + self.healer.detector_interval_s
+                    self.evaluate()
+            except Exception:
+                log.exception("detector evaluation failed")
             try:
                 self.heal_once()
             except Exception:

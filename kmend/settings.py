@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from analyzer.progress_rules import default_progress_rules_dir
 from analyzer.rules import default_rules_dir
 
 
@@ -32,6 +33,13 @@ class Settings(BaseSettings):
     correlation_window_s: float = 1200.0
     symptom_settle_s: float = Field(30.0, description="wait this long for a cause before acting on symptoms")
     healer_interval_s: float = 0.5
+    progress_rules_dirs: list[Path] = Field(default_factory=lambda: [default_progress_rules_dir()])
+    detector_interval_s: float = Field(1.0, description="how often hang/straggler/Flight Recorder detectors run")
+    hang_k: float = Field(4.0, description="hang when no progress for k x the job's median report interval ...")
+    hang_floor_s: float = Field(20.0, description="... and at least this many seconds")
+    straggler_min_slowdown: float = Field(1.05, description="slowdown factor a straggler must reach")
+    straggler_persistence: int = Field(3, description="consecutive steps a straggler must stay slow")
+    flight_recorder_settle_s: float = Field(10.0, description="judge a job's dumps once none arrived for this long")
     notify_webhook_url: str | None = None
     alertmanager_url: str | None = Field(None, description="Alertmanager base URL: notifications POST /api/v2/alerts")
     max_batch_bytes: int = 32 * 1024 * 1024

@@ -9,6 +9,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from analyzer.detectors.hang import HangConfig
+from analyzer.detectors.straggler import StragglerConfig
+from analyzer.progress_rules import load_progress_rules
 from analyzer.rules import load_rules
 from healer.cluster import Cluster
 from healer.gang.config import SchedulerConfig
@@ -149,9 +152,15 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         workloads=workloads, policy=policy, leader=leader, metrics=metrics,
         scheduler=make_scheduler(settings, cluster, leader, metrics, pod_scheduling),
         healer=HealerConfig(PolicyConfig(dry_run=settings.dry_run, require_approval=settings.require_approval),
-                            symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s),
+                            symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s,
+                            detector_interval_s=settings.detector_interval_s),
         correlation_window_s=settings.correlation_window_s, health_check_template=template,
         namespace=settings.namespace,
+        progress_rules=load_progress_rules(settings.progress_rules_dirs),
+        hang=HangConfig(k=settings.hang_k, floor_s=settings.hang_floor_s),
+        straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
+                                  persistence=settings.straggler_persistence),
+        flight_recorder_settle_s=settings.flight_recorder_settle_s,
     )
     elector = kmend.healing.leader
     if isinstance(elector, LeaderElector):

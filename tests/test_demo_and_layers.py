@@ -24,7 +24,8 @@ def test_demo_detects_and_heals_the_injected_xid79() -> None:
     assert summary["healed"] is True and summary["seconds"] < 60
     [inc] = summary["incidents"]
     assert inc["fault_class"] == "gpu_lost" and inc["root_cause"]["node"] == "gpu-node-05"
-    assert inc["findings_by_rule"] == {"xid-79": 1, "nccl-watchdog-timeout": 64}
+    # The stall the lost GPU caused is seen by the hang detector and folds into the same incident.
+    assert inc["findings_by_rule"] == {"xid-79": 1, "nccl-watchdog-timeout": 64, "hang-detector": 1}
     kinds = {(a["kind"], a["node"], a["result"]) for a in summary["actions"]}
     assert {("cordon", "gpu-node-05", "succeeded"), ("taint", "gpu-node-05", "succeeded")} <= kinds
     assert summary["nodes"]["by_state"] == {"healthy": 15, "quarantined": 1}

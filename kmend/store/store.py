@@ -137,6 +137,19 @@ class Store:
             self._write_results(conn, found, changed, merges)
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
+    def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
+               ) -> IngestOutcome:
+        """Run a detector evaluation and store its findings and incidents in one transaction.
+
+        Like ``ingest`` without signals: detector findings carry stable ids, so a
+        finding emitted again after a restart is ignored, never stored twice.
+        """
+        with self.engine.begin() as conn:
+            found, changed, merges = analyze()
+            if found or changed or merges:
+                self._write_results(conn, found, changed, merges)
+        return IngestOutcome(0, 0, tuple(found), tuple(changed))
+
     def _insert(self, table: Table) -> Any:
         return (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert(table)
 

@@ -1,0 +1,212 @@
+"""The detectors' shared view of running jobs: per-rank progress and per-node GPU/NIC metrics.
+
+Pure state fed with records; the detectors read it at ``evaluate(now)``. Memory is
+bounded: a fixed window of samples per rank, the latest value per GPU metric.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from analyzer.progress import ProgressEvent
+from analyzer.progress_rules import ProgressKind
+from collector.signal import MetricSample, Signal
+
+COMPUTE_PHASES = ("forward", "backward", "optimizer")
+"""Phases that are this rank's own work (a slow GPU makes them slow)."""
+WAIT_PHASES = ("comm_wait", "communication", "comm", "data_wait")
+"""Phases spent waiting for others; on a healthy rank they absorb a straggler's delay."""
+
+METRIC_FEATURES: Mapping[str, str] = {
+    "DCGM_FI_DEV_GPU_UTIL": "util",
+    "nvml_utilization_gpu_percent": "util",
+    "DCGM_FI_DEV_SM_CLOCK": "sm_clock",
+    "nvml_clocks_sm_mhz": "sm_clock",
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": "throttle",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "throttle",
+    "nvml_clocks_throttle_reasons": "throttle",
+    "DCGM_FI_DEV_GPU_TEMP": "temp",
+    "nvml_temperature_celsius": "temp",
+    "ib_port_xmit_data_delta": "nic_tx",
+}
+"""Metric names (DCGM exporter, the agent's NVML and InfiniBand sources) to detector features."""
+
+
+@dataclass(slots=True)
+class RankState:
+    """What is known about one rank."""
+
+    node: str
+    """Node it runs on (latest seen)."""
+    last_step: int = -1
+    """Highest step reported."""
+    last_ts: float = 0.0
+    """When the step last advanced."""
+    signal_id: str = ""
+    """Evidence: the signal of the last advance."""
+    times: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    """Per-step own-work seconds (compute phases, else step time), newest last."""
+    has_phases: bool = False
+    """The rank reports phases (the hook): then only phased samples enter `times`, never a log line's."""
+    sample_step: int = -1
+    """Step of the newest sample in `times`."""
+    sample_phased: bool = False
+    """Whether that sample came with phases."""
+
+    @property
+    def basis(self) -> str:
+        """What `times` measures: ``compute`` (from phases) or ``step_time``."""
+        return "compute" if self.has_phases else "step_time"
+
+
+@dataclass(slots=True)
+class JobState:
+    """What is known about one job."""
+
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    """Ranks by global rank (-1: a job that logs from one process without a rank)."""
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    """Recent wall seconds between a rank's consecutive progress reports."""
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    """Recent per-step seconds as reported (or derived)."""
+    max_step: int = -1
+    """Highest step any rank reported."""
+    paused_at: float | None = None
+    """Start of a planned pause (checkpoint, evaluation) still in progress."""
+    paused_step: int = -1
+    """Step the pause came after; a later step ends it (reports of earlier steps may arrive after the marker)."""
+    resume_ts: float = 0.0
+    """End of the last planned pause."""
+    total: int | None = None
+    """Total steps of the run, when printed."""
+    steps_seen: int = 0
+    """Distinct job steps observed (how much history there is)."""
+
+    @property
+    def finished(self) -> bool:
+        """The run reached its last step: silence now is the end, not a hang."""
+        return self.total is not None and self.max_step >= self.total
+
+
+class JobBook:
+    """Jobs, ranks and node metrics, updated from progress events and metric signals."""
+
+    def __init__(self, *, window: int = 64) -> None:
+        self.window = window
+        self.jobs: dict[str, JobState] = {}
+        self.gpu: dict[str, dict[str, dict[str, tuple[float, float]]]] = {}
+        """node -> gpu (or NIC port) -> feature -> (ts, value), latest only."""
+
+    def observe_progress(self, ev: ProgressEvent) -> None:
+        """Fold one progress event in (idempotent for repeated or older steps)."""
+        job = self.jobs.setdefault(ev.job, JobState())
+        if ev.kind is ProgressKind.PAUSE:
+            if job.paused_at is None:
+                job.paused_at = ev.ts
+                job.paused_step = ev.step if ev.step is not None else job.max_step
+            return
+        if ev.kind is ProgressKind.RESUME:
+            job.paused_at = None
+            job.resume_ts = max(job.resume_ts, ev.ts)
+            return
+        if ev.step is None:
+            return
+        rank = job.ranks.get(ev.rank)
+        if rank is None:
+            rank = job.ranks[ev.rank] = RankState(node=ev.node, times=deque(maxlen=self.window))
+        rank.node = ev.node
+        if ev.total is not None:
+            job.total = ev.total
+        if ev.step <= rank.last_step:
+            self._refine(rank, ev)
+            return
+        if rank.last_step >= 0 and ev.ts >= rank.last_ts:
+            gap = ev.ts - rank.last_ts
+            steps = ev.step - rank.last_step
+            job.intervals.append(gap)
+            derived = gap / steps
+        else:
+            derived = None
+        self._sample(rank, ev, derived)
+        step_time = ev.step_time if ev.step_time is not None else derived
+        if step_time is not None:
+            job.step_times.append(step_time)
+        rank.last_step = ev.step
+        rank.last_ts = max(rank.last_ts, ev.ts)
+        rank.signal_id = ev.signal_id
+        if ev.step > job.max_step:
+            job.steps_seen += 1
+            job.max_step = ev.step
+        if ev.step > job.paused_step:
+            job.paused_at = None  # a step after the one the pause followed: the pause is over
+
+    @staticmethod
+    def _sample(rank: RankState, ev: ProgressEvent, derived: float | None) -> None:
+        own, basis = _own_time(ev, derived)
+        if own is None:
+            return
+        phased = basis == "compute"
+        if not phased and rank.has_phases:
+            return  # the hook reports this rank's steps; a log line's time would mix two measures
+        if phased and not rank.has_phases:
+            rank.times.clear()  # from now on, own work only
+            rank.has_phases = True
+        rank.times.append(own)
+        rank.sample_step, rank.sample_phased = ev.step if ev.step is not None else -1, phased
+
+    def _refine(self, rank: RankState, ev: ProgressEvent) -> None:
+        # The hook's report of a step whose log line (or a later step's) came first: its phases
+        # measure this rank's own work, so it still counts.
+        if not ev.phases or ev.step is None or ev.step < rank.sample_step:
+            return
+        if ev.step == rank.sample_step:
+            if rank.sample_phased:
+                return  # already have it
+            if rank.times:
+                rank.times.pop()
+        self._sample(rank, ev, None)
+
+    def observe_metric(self, sig: Signal) -> None:
+        """Keep the latest value of the GPU/NIC metrics the detectors use."""
+        p = sig.payload
+        if not isinstance(p, MetricSample):
+            return
+        feature = METRIC_FEATURES.get(p.name)
+        if feature is None:
+            return
+        dev = p.labels.get("gpu") or p.labels.get("device", "") + "/" + p.labels.get("port", "")
+        self.gpu.setdefault(sig.node, {}).setdefault(dev, {})[feature] = (sig.ts, p.value)
+
+    def nodes_of(self, job: str) -> set[str]:
+        """Nodes the job's ranks run on."""
+        state = self.jobs.get(job)
+        return {r.node for r in state.ranks.values()} if state else set()
+
+    def forget(self, job: str) -> None:
+        """Drop a job (it was deleted or restarted under the same name)."""
+        self.jobs.pop(job, None)
+
+    def expire(self, now: float, idle_s: float) -> list[str]:
+        """Drop jobs with no progress for `idle_s` (finished, deleted or long dead); returns their names."""
+        gone = [name for name, job in self.jobs.items()
+                if job.ranks and now - max(max(r.last_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
+        for name in gone:
+            del self.jobs[name]
+        return gone
+
+
+def _own_time(ev: ProgressEvent, derived: float | None) -> tuple[float | None, str]:
+    ph = ev.phases
+    if ph:
+        if "compute" in ph:
+            return ph["compute"], "compute"
+        own = [ph[k] for k in COMPUTE_PHASES if k in ph]
+        if own:
+            return sum(own), "compute"
+        wait = sum(ph[k] for k in WAIT_PHASES if k in ph)
+        total = ev.step_time if ev.step_time is not None else derived
+        if total is not None and wait:
+            return max(total - wait, 0.0), "compute"
+    return (ev.step_time if ev.step_time is not None else derived), "step_time"

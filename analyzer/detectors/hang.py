@@ -1,0 +1,179 @@
+"""Hang detector: a job whose progress stalls beyond max(k x its usual report interval, a floor).
+
+Two shapes, told apart because they point at different culprits:
+
+- **ranks behind**: some ranks stopped a step (or more) before the others. In
+  synchronous training the others then wait in the next collective for them, so
+  the rank whose last progress is oldest is the culprit.
+- **all stalled**: every rank stopped at the same step (a collective that never
+  completes). Progress cannot name a rank; GPU utilisation can: busy GPUs with no
+  progress are spinning in the collective, an idle GPU among them is the one that
+  never joined. Without metrics the finding names only the job, and the Flight
+  Recorder or a hardware finding narrows it.
+
+Time comes in as ``now``; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from analyzer.detectors import HANG_CAUSES
+from analyzer.detectors.book import JobBook, JobState, RankState
+from analyzer.records import Action, FaultClass, Finding, Location, Severity
+
+DETECTOR_ID = "hang-detector"
+
+
+@dataclass(frozen=True, slots=True)
+class HangConfig:
+    """Thresholds. Defaults detect within max(5 x median step, 30 s) when evaluated every second or two."""
+
+    k: float = 4.0
+    """Stall threshold in units of the job's median report interval."""
+    floor_s: float = 20.0
+    """Never call a hang before this many seconds without progress (absorbs data-loader hiccups)."""
+    min_steps: int = 3
+    """Job steps seen before judging it (start-up, compilation and warm-up are slow)."""
+    behind_fraction: float = 0.5
+    """A rank is behind when its last progress is this many median intervals older than the newest."""
+    max_pause_s: float = 1800.0
+    """A checkpoint or evaluation announced in the logs suspends detection for at most this long."""
+    busy_util: float = 50.0
+    """GPU utilisation (%) at or above which a GPU counts as busy."""
+    idle_util: float = 10.0
+    """GPU utilisation (%) at or below which a GPU counts as idle."""
+
+
+class HangDetector:
+    """Emits one hang finding per stall episode of a job."""
+
+    id = DETECTOR_ID
+
+    def __init__(self, book: JobBook, config: HangConfig | None = None) -> None:
+        self.book = book
+        self.config = config or HangConfig()
+        self._reported: dict[str, float] = {}
+
+    def threshold(self, job: JobState) -> float | None:
+        """Seconds without progress that make a hang for this job; None while history is too short."""
+        if job.steps_seen < self.config.min_steps or not job.intervals:
+            return None
+        return max(self.config.k * statistics.median(job.intervals), self.config.floor_s)
+
+    def evaluate(self, now: float) -> list[Finding]:
+        """Hang findings for jobs stalled at `now` (each episode reported once)."""
+        out: list[Finding] = []
+        for name, job in self.book.jobs.items():
+            f = self._judge(name, job, now)
+            if f is not None:
+                out.append(f)
+        return out
+
+    def _judge(self, name: str, job: JobState, now: float) -> Finding | None:
+        cfg = self.config
+        if job.finished or not job.ranks:
+            return None
+        if job.paused_at is not None and now - job.paused_at < cfg.max_pause_s:
+            return None
+        thr = self.threshold(job)
+        if thr is None:
+            return None
+        last = {r: max(s.last_ts, job.resume_ts) for r, s in job.ranks.items()}
+        newest = max(last.values())
+        if now - newest < thr:
+            self._reported.pop(name, None)  # progressing: a later stall is a new episode
+            return None
+        if self._reported.get(name) == newest:
+            return None
+        self._reported[name] = newest
+        interval = statistics.median(job.intervals)
+        behind = self._behind(job, last, newest, interval)
+        fields = {
+            "stalled_s": f"{now - newest:.1f}", "threshold_s": f"{thr:.1f}",
+            "median_interval_s": f"{interval:.3f}", "last_step": str(job.max_step),
+            "ranks": str(sum(1 for r in job.ranks if r >= 0)),
+        }
+        if job.step_times:
+            fields["median_step_s"] = f"{statistics.median(job.step_times):.3f}"
+        culprit: tuple[int, RankState] | None = None
+        gpu_node: str | None = None
+        if behind:
+            mode = "ranks_behind"
+            first = min(behind, key=lambda r: (last[r], r))
+            culprit = (first, job.ranks[first])
+            fields["behind_ranks"] = ",".join(str(r) for r in sorted(behind)[:32])
+            fields["culprit_rank"] = str(first)
+        else:
+            mode = "all_stalled"
+            gpu_node, gpu_rank, busy = self._idle_gpu(name, job, newest)
+            if busy is not None:
+                fields["busy_gpus"] = busy
+            if gpu_node is not None:
+                fields["idle_gpu_node"] = gpu_node
+                if gpu_rank is not None:
+                    culprit = (gpu_rank, job.ranks[gpu_rank])
+                    fields["culprit_rank"] = str(gpu_rank)
+        fields["mode"] = mode
+        where = Location(job=name)
+        evidence: tuple[str, ...] = ()
+        if culprit is not None:
+            rank, st = culprit
+            where = Location(node=st.node, rank=rank, job=name)
+            evidence = (st.signal_id,) if st.signal_id else ()
+            msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s); rank {rank} on "
+                   f"{st.node} stopped first, at step {st.last_step}")
+        elif gpu_node is not None:
+            where = Location(node=gpu_node, job=name)
+            msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s) with GPUs busy "
+                   f"in a collective; {gpu_node} has an idle GPU")
+        else:
+            msg = (f"job {name}: every rank stalled at step {job.max_step} for {now - newest:.0f} s "
+                   f"(threshold {thr:.0f} s); a collective never completed")
+        return Finding(
+            id=f"{DETECTOR_ID}:{name}:{newest:.3f}", ts=now, fault_class=FaultClass.HANG, severity=Severity.ERROR,
+            hardware=False, where=where, rule_id=DETECTOR_ID, recommended_action=Action.RESTART_JOB,
+            evidence=evidence, message=msg, symptom_of=HANG_CAUSES, fields=fields,
+        )
+
+    def _behind(self, job: JobState, last: dict[int, float], newest: float, interval: float) -> list[int]:
+        ranked = [r for r in job.ranks if r >= 0]
+        if len(ranked) < 2:
+            return []
+        top = max(job.ranks[r].last_step for r in ranked)
+        by_step = [r for r in ranked if job.ranks[r].last_step < top]
+        gap = self.config.behind_fraction * interval
+        behind = by_step or [r for r in ranked if last[r] < newest - gap]
+        # A majority "behind" is no culprit: it is the few ahead that are odd (or the logs lag).
+        return behind if len(behind) * 2 <= len(ranked) else []
+
+    def _idle_gpu(self, name: str, job: JobState, since: float) -> tuple[str | None, int | None, str | None]:
+        """An idle GPU among busy ones on the job's nodes, sampled after progress stopped."""
+        cfg = self.config
+        busy = idle = 0
+        idle_at: list[tuple[str, str]] = []
+        for node in sorted(self.book.nodes_of(name)):
+            for dev, feats in self.book.gpu.get(node, {}).items():
+                sample = feats.get("util")
+                if sample is None or sample[0] < since:
+                    continue
+                if sample[1] >= cfg.busy_util:
+                    busy += 1
+                elif sample[1] <= cfg.idle_util:
+                    idle += 1
+                    idle_at.append((node, dev))
+        if busy + idle == 0:
+            return None, None, None
+        summary = f"{busy}/{busy + idle}"
+        nodes = {n for n, _ in idle_at}
+        if len(nodes) != 1 or busy < 3 * idle:
+            return None, None, summary
+        node = next(iter(nodes))
+        # One rank per GPU with local rank = GPU index (torchrun's default): the idle GPU's rank.
+        local = sorted(r for r, s in job.ranks.items() if r >= 0 and s.node == node)
+        gpus = [d for n, d in idle_at]
+        rank = None
+        if len(gpus) == 1 and gpus[0].isdigit() and int(gpus[0]) < len(local):
+            rank = local[int(gpus[0])]
+        return node, rank, summary

@@ -1,0 +1,233 @@
+"""Straggler detector: a rank (or node) that is persistently slower than its peers.
+
+In synchronous training every rank's *step* time is the same (all wait for the
+slowest), so the score uses each rank's own work: the compute phases when the hook
+reports them, else the step time (which still separates ranks that are not
+lock-stepped). Per rank, the median over a window of steps; across ranks, a robust
+z-score (median/MAD) and the slowdown factor (rank median ÷ reference median).
+A rank is a straggler when both pass their thresholds for `persistence`
+consecutive evaluations, so a one-off blip is not one.
+
+Per node, GPU metrics (SM clock, harmful throttle reasons, temperature, NIC
+throughput) feed an IsolationForest; a node it isolates that also shows robust
+evidence (clock well below its peers, thermal/power throttling, temperature far
+above) is a slow node even without progress phases, and it makes a rank's
+straggler finding a hardware one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from analyzer.detectors.book import JobBook, JobState
+from analyzer.records import Action, FaultClass, Finding, Location, Severity
+from models.isolation import NodeOutlierModel
+from models.robust import RobustScorer
+
+DETECTOR_ID = "straggler-detector"
+NODE_DETECTOR_ID = "straggler-node-detector"
+
+HARMFUL_THROTTLE = 0x8 | 0x20 | 0x40 | 0x80
+"""HW slowdown, SW thermal, HW thermal and HW power-brake clock-event reasons (NVML bitmask)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerConfig:
+    """Thresholds for the rank and node scores."""
+
+    window: int = 20
+    """Steps per rank in the rank's median."""
+    min_samples: int = 6
+    """Steps a rank needs before it is scored."""
+    min_ranks: int = 4
+    """Ranks with data needed for a reference median."""
+    z_min: float = 5.0
+    """Robust z-score a straggler must reach."""
+    min_slowdown: float = 1.05
+    """Slowdown factor (rank median ÷ reference median) a straggler must reach."""
+    persistence: int = 3
+    """Consecutive evaluations (one per job step) a rank must stay flagged."""
+    replace_slowdown: float = 1.10
+    """Slowdown from which a hardware-explained straggler is worth replacing the node."""
+    node_min: int = 8
+    """Nodes with metrics needed for the node model."""
+    node_every_steps: int = 5
+    """The node model runs every this many job steps (node metrics move slower than steps)."""
+    clock_drop: float = 0.9
+    """SM clock below this fraction of the peers' median is evidence of a slow node."""
+    temp_z: float = 5.0
+    """Temperature robust z-score that is evidence of a slow (hot) node."""
+    random_state: int = 0
+    """Seed of the node model."""
+
+
+@dataclass(slots=True)
+class _Episode:
+    streak: int = 0
+    calm: int = 0
+    open_step: int | None = None
+
+
+class StragglerDetector:
+    """Emits one straggler finding per episode of a slow rank or node."""
+
+    id = DETECTOR_ID
+
+    def __init__(self, book: JobBook, config: StragglerConfig | None = None) -> None:
+        self.book = book
+        self.config = config or StragglerConfig()
+        self._last_step: dict[str, int] = {}
+        self._ranks: dict[tuple[str, int], _Episode] = {}
+        self._nodes: dict[tuple[str, str], _Episode] = {}
+
+    def evaluate(self, now: float) -> list[Finding]:
+        """Findings for jobs whose step advanced since the last evaluation."""
+        out: list[Finding] = []
+        for name, job in self.book.jobs.items():
+            if job.max_step <= self._last_step.get(name, -1):
+                continue
+            self._last_step[name] = job.max_step
+            evidence = self._node_evidence(name)
+            out.extend(self._score_ranks(name, job, now, evidence))
+            if job.max_step % self.config.node_every_steps == 0:
+                out.extend(self._score_nodes(name, job, now, evidence))
+        return out
+
+    # -- ranks -----------------------------------------------------------------
+
+    def _score_ranks(self, name: str, job: JobState, now: float, hw: dict[str, str]) -> list[Finding]:
+        cfg = self.config
+        ranks = [r for r, s in job.ranks.items() if r >= 0 and len(s.times) >= cfg.min_samples]
+        if len(ranks) < cfg.min_ranks:
+            return []
+        m = min(cfg.window, min(len(job.ranks[r].times) for r in ranks))
+        if len(ranks) < 64:  # numpy's per-call overhead dominates for a few short rows
+            med = np.array([statistics.median(list(job.ranks[r].times)[-m:]) for r in ranks])
+        else:
+            med = np.median(np.array([list(job.ranks[r].times)[-m:] for r in ranks]), axis=1)
+        scorer = RobustScorer().fit(med)
+        z, slow = scorer.score(med), scorer.ratio(med)
+        out = []
+        for i, r in enumerate(ranks):
+            ep = self._ranks.setdefault((name, r), _Episode())
+            flagged = bool(z[i] >= cfg.z_min and slow[i] >= cfg.min_slowdown)
+            if not self._step(ep, flagged, job.max_step):
+                continue
+            st = job.ranks[r]
+            reason = hw.get(st.node)
+            hardware = reason is not None
+            action = Action.REPLACE_NODE if hardware and slow[i] >= cfg.replace_slowdown else Action.NOTIFY
+            fields = {"slowdown": f"{slow[i]:.3f}", "z": f"{z[i]:.1f}", "window_steps": str(m),
+                      "basis": st.basis, "rank_median_s": f"{med[i]:.4f}",
+                      "reference_median_s": f"{scorer.center_:.4f}", "step": str(st.last_step)}
+            if reason:
+                fields["node_evidence"] = reason
+            msg = (f"rank {r} on {st.node} is {slow[i]:.2f}x slower than the median rank ({st.basis} "
+                   f"{med[i]:.3f} s vs {scorer.center_:.3f} s over {m} steps)")
+            if reason:
+                msg += f"; node: {reason}"
+            out.append(Finding(
+                id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
+                severity=Severity.WARNING, hardware=hardware, where=Location(node=st.node, rank=r, job=name),
+                rule_id=DETECTOR_ID, recommended_action=action,
+                evidence=(st.signal_id,) if st.signal_id else (), message=msg, fields=fields,
+            ))
+        return out
+
+    def _step(self, ep: _Episode, flagged: bool, step: int) -> bool:
+        """Advance an episode; True exactly when it should be reported."""
+        if flagged:
+            ep.streak += 1
+            ep.calm = 0
+            if ep.open_step is None and ep.streak >= self.config.persistence:
+                ep.open_step = step
+                return True
+            return False
+        ep.streak = 0
+        if ep.open_step is not None:
+            ep.calm += 1
+            if ep.calm >= self.config.persistence:
+                ep.open_step = None  # recovered: a later slowdown is a new episode
+        return False
+
+    # -- nodes -------------------------------------------------------------------
+
+    def _features(self, name: str) -> tuple[list[str], np.ndarray]:
+        nodes, rows = [], []
+        for node in sorted(self.book.nodes_of(name)):
+            devs = self.book.gpu.get(node)
+            if not devs:
+                continue
+            def vals(feat: str, devs: dict[str, dict[str, tuple[float, float]]] = devs) -> list[float]:
+                return [f[feat][1] for f in devs.values() if feat in f]
+            clock, temp, thr, nic = vals("sm_clock"), vals("temp"), vals("throttle"), vals("nic_tx")
+            rows.append([
+                min(clock) if clock else np.nan,
+                max(temp) if temp else np.nan,
+                float(any(int(t) & HARMFUL_THROTTLE for t in thr)) if thr else np.nan,
+                sum(nic) if nic else np.nan,
+            ])
+            nodes.append(node)
+        x = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
+        # Drop features no node reports; fill a node's gap with the column median.
+        keep = ~np.all(np.isnan(x), axis=0)
+        x = x[:, keep]
+        if x.size:
+            med = np.nanmedian(x, axis=0)
+            x = np.where(np.isnan(x), med, x)
+        return nodes, x
+
+    def _node_evidence(self, name: str) -> dict[str, str]:
+        """Robust, explainable evidence of a slow node: clock drop, harmful throttling, heat."""
+        cfg = self.config
+        out: dict[str, str] = {}
+        clocks: dict[str, float] = {}
+        temps: dict[str, float] = {}
+        for node in self.book.nodes_of(name):
+            for dev, f in self.book.gpu.get(node, {}).items():
+                if "throttle" in f and int(f["throttle"][1]) & HARMFUL_THROTTLE:
+                    out[node] = f"GPU {dev} clock throttled (reasons 0x{int(f['throttle'][1]):x})"
+                if "sm_clock" in f:
+                    clocks[node] = min(clocks.get(node, np.inf), f["sm_clock"][1])
+                if "temp" in f:
+                    temps[node] = max(temps.get(node, -np.inf), f["temp"][1])
+        if len(clocks) >= cfg.min_ranks:
+            ref = float(np.median(list(clocks.values())))
+            for node, c in clocks.items():
+                if ref > 0 and c < cfg.clock_drop * ref:
+                    out.setdefault(node, f"SM clock {c:.0f} MHz vs {ref:.0f} MHz on peers")
+        if len(temps) >= cfg.min_ranks:
+            sc = RobustScorer(rel_floor=0.02).fit(np.array(list(temps.values())))
+            for node, t in temps.items():
+                if float(sc.score(np.array([t]))[0]) >= cfg.temp_z:
+                    out.setdefault(node, f"GPU temperature {t:.0f} C vs {sc.center_:.0f} C on peers")
+        return out
+
+    def _score_nodes(self, name: str, job: JobState, now: float, evidence: dict[str, str]) -> list[Finding]:
+        cfg = self.config
+        nodes, x = self._features(name)
+        if len(nodes) < cfg.node_min or x.shape[1] == 0:
+            return []
+        flagged: set[str] = set()
+        if evidence:
+            model = NodeOutlierModel(random_state=cfg.random_state).fit(x)
+            pred = model.predict(x)
+            flagged = {n for n, p in zip(nodes, pred, strict=True) if p == -1 and n in evidence}
+        out = []
+        for node in nodes:
+            ep = self._nodes.setdefault((name, node), _Episode())
+            if not self._step(ep, node in flagged, job.max_step):
+                continue
+            ranks = sorted(r for r, s in job.ranks.items() if s.node == node and r >= 0)
+            out.append(Finding(
+                id=f"{NODE_DETECTOR_ID}:{name}:{node}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
+                severity=Severity.WARNING, hardware=True, where=Location(node=node, job=name),
+                rule_id=NODE_DETECTOR_ID, recommended_action=Action.NOTIFY, evidence=(),
+                message=f"{node} is an outlier among the {len(nodes)} nodes of {name}: {evidence[node]}",
+                fields={"node_evidence": evidence[node], "ranks": ",".join(map(str, ranks[:16])),
+                        "nodes": str(len(nodes))},
+            ))
+        return out

@@ -1,0 +1,67 @@
+"""The detectors as one unit: signals in (progress, metrics), findings out at ``evaluate(now)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from analyzer.detectors.book import JobBook
+from analyzer.detectors.flight_recorder import FlightRecorderDetector, RankDump, load_dump
+from analyzer.detectors.hang import HangConfig, HangDetector
+from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
+from analyzer.progress import ProgressEvent, ProgressExtractor
+from analyzer.progress_rules import ProgressRule
+from analyzer.records import Finding
+from collector.signal import MetricSample, Signal
+
+
+class DetectorSuite:
+    """Progress extraction, the shared job book, and the hang, straggler and Flight Recorder detectors."""
+
+    def __init__(self, progress_rules: Sequence[ProgressRule] = (), *, hang: HangConfig | None = None,
+                 straggler: StragglerConfig | None = None, flight_recorder_settle_s: float = 10.0,
+                 forget_after_s: float = 86400.0) -> None:
+        self.extractor = ProgressExtractor(progress_rules)
+        self.book = JobBook()
+        self.hang = HangDetector(self.book, hang)
+        self.straggler = StragglerDetector(self.book, straggler)
+        self.flight_recorder = FlightRecorderDetector(settle_s=flight_recorder_settle_s)
+        self.forget_after_s = forget_after_s
+        """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
+        self.watermark = 0.0
+        """Latest signal time seen (event time: replayed traces judge by their own clock)."""
+
+    def observe(self, signals: Sequence[Signal]) -> list[ProgressEvent]:
+        """Feed a batch; returns the progress events found (findings come from ``evaluate``)."""
+        events = self.extractor.extract(signals)
+        for ev in events:
+            self.book.observe_progress(ev)
+        for sig in signals:
+            if isinstance(sig.payload, MetricSample):
+                self.book.observe_metric(sig)
+            if sig.ts > self.watermark:
+                self.watermark = sig.ts
+        return events
+
+    def add_flight_recorder_dump(self, job: str, rank: int, node: str, data: bytes, ts: float,
+                                 source: str = "") -> None:
+        """Parse (safely) and keep one rank's Flight Recorder dump; raises DumpError on a bad one."""
+        self.flight_recorder.add(job, RankDump(rank=rank, node=node, doc=load_dump(data), source=source), ts)
+        self.watermark = max(self.watermark, ts)
+
+    def evaluate(self, now: float) -> list[Finding]:
+        """Every detector's findings at `now`; each finding is emitted once."""
+        found = self.hang.evaluate(now) + self.straggler.evaluate(now)
+        self.book.expire(now, self.forget_after_s)
+        for f in self.flight_recorder.evaluate(now):
+            found.append(self._placed(f))
+        return found
+
+    def _placed(self, f: Finding) -> Finding:
+        # A rank that wrote no dump has no node in the dumps; its progress reports know it.
+        if f.where.node is None and f.where.rank is not None and f.where.job is not None:
+            job = self.book.jobs.get(f.where.job)
+            st = job.ranks.get(f.where.rank) if job else None
+            if st is not None:
+                return replace(f, where=replace(f.where, node=st.node))
+        return f

@@ -1,0 +1,77 @@
+"""Progress hook for training scripts: ``report_step(step, step_time, phases=None)``.
+
+Standard library only, so a training image needs nothing else (the file can also be
+copied into a project as is). Each rank appends one JSON line per step to
+``$KMEND_PROGRESS_DIR/<job>.rank<rank>.jsonl``; the node agent tails those files
+(``collector.progress_file``). Without ``KMEND_PROGRESS_DIR`` the hook does nothing,
+so a script can call it unconditionally. Writing never raises into the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV_DIR = "KMEND_PROGRESS_DIR"
+"""Directory the agent watches (a hostPath or emptyDir shared with the agent)."""
+ENV_JOB = "KMEND_JOB"
+"""Job name; falls back to torchrun's ``TORCHELASTIC_RUN_ID``."""
+
+
+class ProgressReporter:
+    """Appends step records for one rank; line-buffered so the agent sees each step at once."""
+
+    def __init__(self, directory: str | os.PathLike[str], job: str, rank: int) -> None:
+        self.job = job
+        self.rank = rank
+        self.path = Path(directory) / f"{_safe(job)}.rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open across steps
+
+    def report_step(self, step: int, step_time: float | None = None,
+                    phases: Mapping[str, float] | None = None, *, ts: float | None = None) -> None:
+        """Record that `step` finished, taking `step_time` seconds (phases: seconds per phase)."""
+        rec = _record(time.time() if ts is None else ts, self.job, self.rank, step, step_time, phases)
+        with contextlib.suppress(OSError):  # a full disk must not stop training
+            self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        """Close the file."""
+        self._fh.close()
+
+
+def _record(ts: float, job: str, rank: int, step: int, step_time: float | None,
+            phases: Mapping[str, float] | None) -> dict[str, object]:
+    rec: dict[str, object] = {"ts": ts, "job": job, "rank": rank, "step": int(step)}
+    if step_time is not None:
+        rec["step_time"] = float(step_time)
+    if phases:
+        rec["phases"] = {str(k): float(v) for k, v in phases.items()}
+    return rec
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def report_step(step: int, step_time: float | None = None, phases: Mapping[str, float] | None = None) -> None:
+    """Report one finished step of this rank (job, rank and directory from the environment).
+
+    Opens, appends and closes the file each time: no state is kept in the module, and a
+    step takes far longer than the append.
+    """
+    directory = os.environ.get(ENV_DIR)
+    if not directory:
+        return
+    job = os.environ.get(ENV_JOB) or os.environ.get("TORCHELASTIC_RUN_ID") or "job"
+    rank = int(os.environ.get("RANK", "0"))
+    line = json.dumps(_record(time.time(), job, rank, step, step_time, phases), separators=(",", ":")) + "\n"
+    path = Path(directory) / f"{_safe(job)}.rank{rank}.jsonl"
+    with contextlib.suppress(OSError):  # a full or missing disk must not stop training
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line)
