@@ -19,13 +19,13 @@ import yaml
 
 from collector.signal import Signal
 from collector.wire import to_wire
+from healer.keys import RESUME_FROM
 from healer.notify import LogNotifier
 from healer.policy_file import default_policy_path
+from healer.workloads import ObjectKey
 from kmend.app import create_app
 from kmend.settings import Settings
 from kmend.wiring import make_kmend
-from healer.keys import RESUME_FROM
-from healer.workloads import ObjectKey
 from sim.faults import KernelLog
 from sim.job import TrainingJob
 from sim.world import PYTORCHJOB_API, JobSpec, SimWorld
