@@ -6,7 +6,8 @@ multi-gigabyte bundle does not build an object per line. Node, namespace, pod,
 container and job come from the path (``/var/log/pods/<ns>_<pod>_<uid>/<container>/N.log``,
 ``<node>/...`` directories), from the flags, or from the line itself (syslog host,
 NCCL's ``host:pid:tid`` prefix). PyTorch Flight Recorder dumps in the bundle
-(``[<job>.]nccl_trace_rank_<rank>``) are binary: they are listed apart, not read as lines.
+(``[<job>.]comm_lib_trace_rank_<rank>``, older ``nccl_trace_rank_<rank>``) are
+binary: they are listed apart, not read as lines.
 """
 
 from __future__ import annotations

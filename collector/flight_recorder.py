@@ -1,15 +1,18 @@
 """Uploads PyTorch Flight Recorder dumps found on the node to ``POST /v1/flight-recorder``.
 
 On a collective timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT=1``) each rank writes one
-pickle to ``$TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``; the default prefix is
-``/tmp/nccl_trace_rank_``. Training pods point that prefix into a host directory
-the agent mounts read-only, in one of these layouts (``<root>`` is the mount):
+pickle to ``<prefix><rank>``, the prefix taken from ``TORCH_FR_DUMP_TEMP_FILE`` or
+its older name ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``. PyTorch's default prefix is
+``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/torch/comm_lib_trace_rank_``; releases
+before it used ``nccl_trace_rank_`` (``/tmp`` in the oldest). Both file names are
+recognised. Training pods point the prefix into a host directory the agent mounts
+read-only, in one of these layouts (``<root>`` is the mount):
 
-- ``<root>/<job>.nccl_trace_rank_<rank>``: the job in the prefix itself
-  (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/fr/$(JOB_NAME).nccl_trace_rank_``);
-- ``<root>/<namespace>_<pod>_<uid>/nccl_trace_rank_<rank>`` (a ``subPathExpr``
+- ``<root>/<job>.comm_lib_trace_rank_<rank>``: the job in the prefix itself
+  (``TORCH_FR_DUMP_TEMP_FILE=/fr/$(JOB_NAME).comm_lib_trace_rank_``);
+- ``<root>/<namespace>_<pod>_<uid>/comm_lib_trace_rank_<rank>`` (a ``subPathExpr``
   like kubelet's own log directories): job from the pod's labels;
-- ``<root>/<job>/nccl_trace_rank_<rank>``: job from the directory name.
+- ``<root>/<job>/comm_lib_trace_rank_<rank>``: job from the directory name.
 
 The writer does not write to a temporary name first, so a dump counts as complete
 once its size and modification time have stayed the same for ``settle_s``. Each
@@ -23,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -36,8 +39,8 @@ from collector.sources.base import Clock, Cursor, Poll
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "nccl_trace_rank_"
-"""File-name part of PyTorch's default ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (``/tmp/nccl_trace_rank_``)."""
+DEFAULT_PREFIXES: tuple[str, ...] = ("comm_lib_trace_rank_", "nccl_trace_rank_")
+"""File-name part of PyTorch's default dump prefix, current and older releases."""
 MAX_DUMP_BYTES = 64 * 1024 * 1024
 """Larger files are not dumps the service would accept; they are skipped, not uploaded."""
 
@@ -99,17 +102,18 @@ class DumpFile:
     """Rank that wrote it (the number PyTorch appends to the prefix)."""
 
 
-def parse_dump_name(name: str, prefix: str = DEFAULT_PREFIX) -> tuple[str | None, int] | None:
+def parse_dump_name(name: str, prefixes: Sequence[str] = DEFAULT_PREFIXES) -> tuple[str | None, int] | None:
     """(job or None, rank) from a dump's file name (``[<job>.]<prefix><rank>``); None when it is not one."""
-    m = re.fullmatch(rf"(?P<job>.*?){re.escape(prefix)}(?P<rank>\d+)", name)
-    if m is None:
-        return None
-    return m.group("job").rstrip("._-") or None, int(m.group("rank"))
+    for prefix in prefixes:
+        m = re.fullmatch(rf"(?P<job>.*?){re.escape(prefix)}(?P<rank>\d+)", name)
+        if m is not None:
+            return m.group("job").rstrip("._-") or None, int(m.group("rank"))
+    return None
 
 
-def identify(root: Path, path: Path, prefix: str, pods: PodMetadataProvider | None) -> DumpFile | None:
+def identify(root: Path, path: Path, prefixes: Sequence[str], pods: PodMetadataProvider | None) -> DumpFile | None:
     """Job and rank of a dump file, or None when the name is not a dump's."""
-    parsed = parse_dump_name(path.name, prefix)
+    parsed = parse_dump_name(path.name, prefixes)
     if parsed is None:
         return None
     key = path.relative_to(root).as_posix()
@@ -132,13 +136,14 @@ class FlightRecorderSource:
 
     name = "flight-recorder"
 
-    def __init__(self, *, node: str, root: Path, uploader: DumpUploader, prefix: str = DEFAULT_PREFIX,
+    def __init__(self, *, node: str, root: Path, uploader: DumpUploader,
+                 prefixes: Sequence[str] = DEFAULT_PREFIXES,
                  pod_metadata: PodMetadataProvider | None = None, resume: Mapping[str, Cursor] | None = None,
                  settle_s: float = 5.0, clock: Clock = time.time) -> None:
         self.node = node
         self.root = root
         self.uploader = uploader
-        self.prefix = prefix
+        self.prefixes = tuple(prefixes)
         self.pods = pod_metadata
         self.settle_s = settle_s
         self.clock = clock
@@ -151,7 +156,9 @@ class FlightRecorderSource:
     def _candidates(self) -> list[Path]:
         if not self.root.is_dir():
             return []
-        return sorted([*self.root.glob(f"*{self.prefix}*"), *self.root.glob(f"*/*{self.prefix}*")])
+        found = {p for prefix in self.prefixes for pattern in (f"*{prefix}*", f"*/*{prefix}*")
+                 for p in self.root.glob(pattern)}
+        return sorted(found)
 
     def poll(self) -> Poll:
         """Upload the dumps that became complete; their identities are the cursors."""
@@ -161,7 +168,7 @@ class FlightRecorderSource:
         away = False
         present: set[str] = set()
         for path in self._candidates():
-            dump = identify(self.root, path, self.prefix, self.pods)
+            dump = identify(self.root, path, self.prefixes, self.pods)
             if dump is None:
                 continue
             present.add(dump.key)

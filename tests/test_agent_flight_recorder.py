@@ -59,14 +59,16 @@ def service(tmp_path: Path) -> Iterator[Service]:
 def test_dumps_reach_the_service_and_name_the_rank_that_never_joined(tmp_path: Path, service: Service) -> None:
     root = tmp_path / "fr"
     for r in (0, 2):
-        _write(root / f"gloo-job.nccl_trace_rank_{r}", (GLOO / f"gloo_trace_rank_{r}").read_bytes())
+        # PyTorch's current default file name (comm_lib_trace_rank_) behind a job-named prefix.
+        _write(root / f"gloo-job.comm_lib_trace_rank_{r}", (GLOO / f"gloo_trace_rank_{r}").read_bytes())
     clock = Clock()
     src = FlightRecorderSource(node="gpu-1", root=root, uploader=HttpDumpUploader(service.url, token=TOKEN),
                                settle_s=2.0, clock=clock)
     assert src.poll().cursors == {}  # just seen: maybe still being written
     clock.t += 2.5
     polled = src.poll()
-    assert src.uploaded == 2 and set(polled.cursors) == {"gloo-job.nccl_trace_rank_0", "gloo-job.nccl_trace_rank_2"}
+    assert src.uploaded == 2 and set(polled.cursors) == {"gloo-job.comm_lib_trace_rank_0",
+                                                              "gloo-job.comm_lib_trace_rank_2"}
     src.close()
     found = service.kmend.evaluate(now=service.kmend.detector_now() + 60).findings
     [f] = [x for x in found if x.rule_id == "flight-recorder"]

@@ -85,8 +85,8 @@ def test_flight_recorder_dumps_in_the_bundle_name_the_rank_that_never_joined(
     bundle = tmp_path / "bundle"
     _pod_log(bundle, "node-a", "gloo-job-worker-0", _progress(range(3), 20))
     # Ranks 0 and 2 dumped on the timeout; rank 1 (blocked before the collective) wrote none.
-    for r in (0, 2):
-        (bundle / "node-a" / f"gloo-job.nccl_trace_rank_{r}").write_bytes((FR / f"gloo_trace_rank_{r}").read_bytes())
+    for r, name in ((0, "comm_lib_trace_rank_0"), (2, "nccl_trace_rank_2")):  # current and older PyTorch names
+        (bundle / "node-a" / f"gloo-job.{name}").write_bytes((FR / f"gloo_trace_rank_{r}").read_bytes())
     (bundle / "node-a" / "nccl_trace_rank_9").write_bytes(b"not a pickle")  # reported, not fatal
     incidents = _analyze(capsys, str(bundle))
     fr = [f for inc in incidents for f in inc["findings"] if f["rule_id"] == "flight-recorder"]

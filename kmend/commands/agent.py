@@ -23,7 +23,7 @@ from analyzer.progress_rules import default_progress_rules_dir, load_progress_ru
 from analyzer.rules import default_rules_dir, load_rules
 from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
-from collector.flight_recorder import DEFAULT_PREFIX, FlightRecorderSource, HttpDumpUploader
+from collector.flight_recorder import DEFAULT_PREFIXES, FlightRecorderSource, HttpDumpUploader
 from collector.httpserver import start_status_server
 from collector.metrics import AgentMetrics
 from collector.podmeta import KubeApiPodMetadata
@@ -67,9 +67,9 @@ class AgentSettings(BaseSettings):
     dcgm_url: str | None = Field(None, description="DCGM exporter /metrics URL, e.g. http://localhost:9400/metrics")
     metrics_interval: float = Field(15.0, gt=0, description="seconds between NVML/DCGM/IB samples")
     flight_recorder_dir: Path | None = Field(None, description="host directory the training pods' "
-                                             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE points into")
-    flight_recorder_prefix: str = Field(DEFAULT_PREFIX, min_length=1,
-                                        description="file-name part of TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+                                             "TORCH_FR_DUMP_TEMP_FILE points into")
+    flight_recorder_prefixes: list[str] = Field(default_factory=lambda: list(DEFAULT_PREFIXES), min_length=1,
+                                                description="file-name part of TORCH_FR_DUMP_TEMP_FILE")
     flight_recorder_settle_s: float = Field(5.0, ge=0, description="a dump unchanged this long is complete")
     prefilter: bool = Field(True, description="ship only lines a rule could match (plus all metrics)")
     prefilter_extra: list[str] = Field(default_factory=list, description="more patterns to ship")
@@ -132,7 +132,7 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     if settings.flight_recorder_dir is not None:
         uploader = HttpDumpUploader(settings.service_url, token=settings.bearer())
         sources.append(FlightRecorderSource(node=node, root=settings.flight_recorder_dir, uploader=uploader,
-                                            prefix=settings.flight_recorder_prefix, pod_metadata=meta,
+                                            prefixes=settings.flight_recorder_prefixes, pod_metadata=meta,
                                             resume=checkpoints.section("flight-recorder"),
                                             settle_s=settings.flight_recorder_settle_s))
     if settings.ib_root.is_dir():
