@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from analyzer.progress_rules import default_progress_rules_dir
 from collector.agent import Agent
 from collector.progress_hook import ProgressReporter
 from collector.spool import DiskSpool
@@ -97,3 +100,12 @@ def test_prefilter_extra_patterns_come_from_the_environment(tmp_path: Path, monk
     monkeypatch.setenv("KMEND_AGENT_PREFILTER_EXTRA", '["tokenizer vocab size"]')
     prefilter = build_prefilter(_settings(tmp_path))
     assert prefilter is not None and prefilter.matches(NOISE)
+
+
+def test_every_progress_rule_example_passes_the_agent_prefilter(tmp_path: Path) -> None:
+    prefilter = build_prefilter(_settings(tmp_path))
+    assert prefilter is not None
+    examples = [(rule["id"], ex["line"]) for pack in sorted(default_progress_rules_dir().glob("*.yaml"))
+                for rule in yaml.safe_load(pack.read_text())["rules"] for ex in rule["examples"]]
+    assert len(examples) > 10
+    assert [(rid, line) for rid, line in examples if not prefilter.matches(line)] == []
