@@ -80,6 +80,25 @@ def test_a_healthy_bundle_that_simply_ends_has_no_hang(tmp_path: Path, capsys: p
     assert _analyze(capsys, str(bundle)) == []
 
 
+def test_a_rank_persistently_slower_than_its_peers_is_a_straggler(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = tmp_path / "bundle"
+    lines: list[tuple[datetime, str]] = []
+    for step in range(1, 61):
+        t = START + timedelta(seconds=step)
+        for r in range(8):
+            own = (0.65 if r == 5 else 0.50) + 0.002 * ((step * 7 + r * 3) % 5)  # rank 5 is 30% slower
+            lines.append((t + timedelta(milliseconds=r), f"[rank{r}]: step {step} loss {3.0 - step * 0.01:.4f} "
+                                                         f"step_time={own:.3f}"))
+    _pod_log(bundle, "node-a", "bert-ft-worker-0", [x for x in lines if x[1][5] in "0123"])
+    _pod_log(bundle, "node-b", "bert-ft-worker-1", [x for x in lines if x[1][5] in "4567"])
+    [inc] = _analyze(capsys, str(bundle))
+    assert inc["fault_class"] == "straggler"
+    assert (inc["root_cause"]["rank"], inc["root_cause"]["node"], inc["root_cause"]["job"]) == (5, "node-b", "bert-ft")
+    [f] = inc["findings"]
+    assert 1.2 < float(f["fields"]["slowdown"]) < 1.4
+
+
 def test_flight_recorder_dumps_in_the_bundle_name_the_rank_that_never_joined(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bundle = tmp_path / "bundle"

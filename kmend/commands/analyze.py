@@ -4,8 +4,9 @@ Reads files, directories (kernel logs, container logs, ``/var/log/pods`` trees, 
 dumps) or ``-`` for stdin; prints the incidents the rule packs and the correlator find,
 as a table or as JSON. Only lines a rule matches become signals, so large bundles stay fast.
 
-Trainers' progress lines feed the hang and straggler detectors, judged at the bundle's
-last timestamp (a rank whose log stops long before the others' is named), and PyTorch
+Trainers' progress lines feed the hang and straggler detectors, replayed in ticks of
+bundle time and judged at the bundle's last timestamp (a rank whose log stops long
+before the others' is named), and PyTorch
 Flight Recorder dumps in the bundle name the ranks that never joined the stuck
 collective. Their findings fold into the same incidents as the rule matches.
 """
@@ -37,6 +38,10 @@ dmesg boot-relative seconds with wall-clock stamps, so the whole bundle is one w
 
 BATCH_LINES = 65536
 """Lines per scan of the multi-pattern engine."""
+
+DETECTOR_TICK_S = 5.0
+"""Bundle seconds between detector evaluations while replaying (the straggler detector
+wants a slowdown on several consecutive evaluations, as the service sees it live)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -122,11 +127,29 @@ def diagnose(args: argparse.Namespace) -> list[Incident]:
     signals, placements, last_ts = collect(source, MultiMatcher(rules), progress_rules)
     for job, node in sorted(placements):
         correlator.observe_placement(job, node)
-    analyzer.process(signals)
+    replay(analyzer, signals)
     if last_ts is not None:
         add_dumps(source, detectors, {job for job, _ in placements}, last_ts)
         analyzer.evaluate(last_ts)
     return correlator.incidents()
+
+
+def replay(analyzer: Analyzer, signals: Sequence[Signal], tick_s: float = DETECTOR_TICK_S) -> None:
+    """Feed time-ordered signals in ticks of bundle time, running the detectors around each tick.
+
+    Before a tick the detectors see the silence that preceded it (a stall in a gap of
+    the logs), after it the tick's progress. Empty stretches cost nothing.
+    """
+    i = 0
+    while i < len(signals):
+        start = signals[i].ts
+        j = i
+        while j < len(signals) and signals[j].ts < start + tick_s:
+            j += 1
+        analyzer.evaluate(start)
+        analyzer.process(signals[i:j])
+        analyzer.evaluate(signals[j - 1].ts)
+        i = j
 
 
 def _finding_json(f: Finding) -> dict[str, Any]:
