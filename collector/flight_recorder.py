@@ -112,7 +112,10 @@ def parse_dump_name(name: str, prefixes: Sequence[str] = DEFAULT_PREFIXES) -> tu
 
 
 def identify(root: Path, path: Path, prefixes: Sequence[str], pods: PodMetadataProvider | None) -> DumpFile | None:
-    """Job and rank of a dump file, or None when the name is not a dump's."""
+    """Job and rank of a dump file, or None when the name is not a dump's.
+
+    Raises what the pod lookup raises (the API server is away), so the caller can try again later.
+    """
     parsed = parse_dump_name(path.name, prefixes)
     if parsed is None:
         return None
@@ -121,10 +124,7 @@ def identify(root: Path, path: Path, prefixes: Sequence[str], pods: PodMetadataP
     parent = path.parent.name if path.parent != root else ""
     pod = _POD_DIR.match(parent)
     if job is None and pod is not None and pods is not None:
-        try:
-            labels = pods.labels(pod["ns"], pod["pod"], pod["uid"])
-        except Exception:  # the API server is away: the directory name still says something
-            labels = None
+        labels = pods.labels(pod["ns"], pod["pod"], pod["uid"])
         job = job_and_rank(labels)[0] if labels else None
     if job is None and parent and pod is None:
         job = parent
@@ -139,14 +139,16 @@ class FlightRecorderSource:
     def __init__(self, *, node: str, root: Path, uploader: DumpUploader,
                  prefixes: Sequence[str] = DEFAULT_PREFIXES,
                  pod_metadata: PodMetadataProvider | None = None, resume: Mapping[str, Cursor] | None = None,
-                 settle_s: float = 5.0, clock: Clock = time.time) -> None:
+                 settle_s: float = 5.0, retry_s: float = 10.0, clock: Clock = time.time) -> None:
         self.node = node
         self.root = root
         self.uploader = uploader
         self.prefixes = tuple(prefixes)
         self.pods = pod_metadata
         self.settle_s = settle_s
+        self.retry_s = retry_s
         self.clock = clock
+        self._retry_at = 0.0
         self.done: dict[str, Cursor] = dict(resume or {})
         """Dumps already handled: key to ``{"size", "mtime_ns", "state"}``."""
         self._seen: dict[str, tuple[int, int, float]] = {}
@@ -165,30 +167,38 @@ class FlightRecorderSource:
         now = self.clock()
         cursors: dict[str, Cursor] = {}
         errors = 0
-        away = False
         present: set[str] = set()
         for path in self._candidates():
-            dump = identify(self.root, path, self.prefixes, self.pods)
-            if dump is None:
+            if parse_dump_name(path.name, self.prefixes) is None:
                 continue
-            present.add(dump.key)
+            key = path.relative_to(self.root).as_posix()
+            present.add(key)
             try:
                 st = path.stat()
             except OSError:
                 continue
             ident = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-            prev = self.done.get(dump.key)
+            prev = self.done.get(key)
             if isinstance(prev, dict) and {k: prev.get(k) for k in ident} == ident:
                 continue
-            if not self._settled(dump.key, st.st_size, st.st_mtime_ns, now) or away:
+            if not self._settled(key, st.st_size, st.st_mtime_ns, now) or now < self._retry_at:
+                continue
+            try:
+                # The pod lookup happens here, once per complete dump, not on every poll.
+                dump = identify(self.root, path, self.prefixes, self.pods)
+            except Exception:
+                log.warning("pod lookup for Flight Recorder dump %s failed; trying again later", key)
+                continue
+            if dump is None:
                 continue
             state = self._handle(path, dump, st.st_size)
             if state is None:
-                away = True  # the service is away: the rest wait for the next poll
+                # The service is away: the rest wait, without a connection attempt per poll.
+                self._retry_at = now + self.retry_s
                 continue
             if state != "uploaded":
                 errors += 1
-            self.done[dump.key] = cursors[dump.key] = {**ident, "state": state}
+            self.done[key] = cursors[key] = {**ident, "state": state}
         for gone in [k for k in self.done if k not in present]:
             del self.done[gone]
             cursors[gone] = None

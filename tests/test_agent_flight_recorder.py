@@ -127,13 +127,38 @@ def test_service_away_retries_later_and_a_refused_dump_is_not_retried(tmp_path: 
     root, clock = tmp_path / "fr", Clock()
     _write(root / "j.nccl_trace_rank_0", b"dump")
     up = RecordingUploader(Outcome.UNAVAILABLE)
-    src = FlightRecorderSource(node="n", root=root, uploader=up, settle_s=0.0, clock=clock)
+    src = FlightRecorderSource(node="n", root=root, uploader=up, settle_s=0.0, retry_s=10.0, clock=clock)
     src.poll()
     assert src.poll().cursors == {} and len(up.sent) == 1
+    clock.t += 5
+    src.poll()
+    assert len(up.sent) == 1  # backing off, not one connection attempt per poll
     up.outcome = Outcome.REJECTED
+    clock.t += 5
     assert src.poll().cursors["j.nccl_trace_rank_0"]["state"] == "rejected"
     src.poll()
     assert len(up.sent) == 2
     # Deleted dumps are forgotten, so the checkpoint does not grow without bound.
     (root / "j.nccl_trace_rank_0").unlink()
     assert src.poll().cursors == {"j.nccl_trace_rank_0": None}
+
+
+def test_a_failed_pod_lookup_is_retried_not_taken_as_no_job(tmp_path: Path) -> None:
+    root, clock, up = tmp_path / "fr", Clock(), RecordingUploader()
+    _write(root / "train_llama-worker-0_8d7c6b5a-0000-1111-2222-333344445555" / "comm_lib_trace_rank_0", b"x")
+    pods = StaticPodMetadata({"train/llama-worker-0": {"kmend.io/job": "llama"}})
+    real = pods.labels
+
+    def flaky(namespace: str, pod: str, uid: str) -> dict[str, str] | None:
+        if pods.calls == 0:
+            pods.calls += 1
+            raise ConnectionError("API server away")
+        labels = real(namespace, pod, uid)
+        return dict(labels) if labels else None
+
+    pods.labels = flaky  # type: ignore[method-assign]
+    src = FlightRecorderSource(node="n", root=root, uploader=up, pod_metadata=pods, settle_s=0.0, clock=clock)
+    src.poll()
+    assert src.poll().cursors == {} and up.sent == []
+    src.poll()
+    assert up.sent == [("llama", 0, "n", 1)]
