@@ -63,7 +63,7 @@ class HttpDumpUploader:
     """``POST /v1/flight-recorder?job=&rank=&node=`` with the agent's bearer token."""
 
     def __init__(self, url: str, *, token: str | None = None, client: httpx.Client | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 10.0) -> None:
         self.url = url.rstrip("/") + "/v1/flight-recorder"
         self._client = client or httpx.Client(timeout=timeout)
         self._headers = {"Content-Type": "application/octet-stream"}

@@ -14,6 +14,7 @@ from collector.checkpoint import CheckpointStore
 from collector.flight_recorder import FlightRecorderSource, HttpDumpUploader
 from collector.podmeta import StaticPodMetadata
 from collector.shipper import Outcome
+from kmend.commands.agent import AgentSettings, build_agent
 from tests.agent_helpers import TOKEN, Service
 from tests.conftest import free_port
 
@@ -162,3 +163,27 @@ def test_a_failed_pod_lookup_is_retried_not_taken_as_no_job(tmp_path: Path) -> N
     assert src.poll().cursors == {} and up.sent == []
     src.poll()
     assert up.sent == [("llama", 0, "n", 1)]
+
+
+def test_kmend_agent_uploads_dumps_once_across_a_restart(tmp_path: Path, service: Service) -> None:
+    root = tmp_path / "fr"
+    for r in (0, 2):
+        _write(root / "gloo-job" / f"comm_lib_trace_rank_{r}", (GLOO / f"gloo_trace_rank_{r}").read_bytes())
+    (tmp_path / "token").write_text(TOKEN)
+    settings = AgentSettings(node="gpu-1", state_dir=tmp_path / "state", pods_root=tmp_path / "pods", kernel="off",
+                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False, service_url=service.url,
+                             token_file=tmp_path / "token", flight_recorder_dir=root, flight_recorder_settle_s=0.0)
+    for _ in range(2):  # the agent restarts in between: the checkpoint remembers what was uploaded
+        agent = build_agent(settings)
+        fr = next(s for s in agent.sources if isinstance(s, FlightRecorderSource))
+        for _ in range(2):
+            agent.run_once()
+        agent.flush()
+        uploaded = fr.uploaded
+        fr.close()
+    assert uploaded == 0  # the second agent uploaded nothing again
+    assert set(CheckpointStore(settings.state_dir / "checkpoints.json").section("flight-recorder")) == {
+        "gloo-job/comm_lib_trace_rank_0", "gloo-job/comm_lib_trace_rank_2"}
+    found = service.kmend.evaluate(now=service.kmend.detector_now() + 60).findings
+    [f] = [x for x in found if x.rule_id == "flight-recorder"]
+    assert f.where.rank == 1 and f.where.job == "gloo-job"
