@@ -125,7 +125,9 @@ def main() -> int:
                     fh.write(f"{stamp}.{n % 10**9:09d}Z stderr F {FAULT} #{n}\n")
                     faults += 1
                 else:
-                    fh.write(f"{stamp}.{n % 10**9:09d}Z stdout F step {n} loss 1.873 lr 3.0e-4 "
+                    # Filler no fault or progress rule matches (step lines are shipped, and come
+                    # once per step, not thousands per second).
+                    fh.write(f"{stamp}.{n % 10**9:09d}Z stdout F data/shard_{n % 512:04d}.bin: read 64 samples, "
                              f"tokens/s 182344 grad_norm 0.91\n")
                 written += 1
             for fh in files:

@@ -5,7 +5,9 @@ stripped) and turns only the lines a caller asks for into Signals, so diagnosing
 multi-gigabyte bundle does not build an object per line. Node, namespace, pod,
 container and job come from the path (``/var/log/pods/<ns>_<pod>_<uid>/<container>/N.log``,
 ``<node>/...`` directories), from the flags, or from the line itself (syslog host,
-NCCL's ``host:pid:tid`` prefix).
+NCCL's ``host:pid:tid`` prefix). PyTorch Flight Recorder dumps in the bundle
+(``[<job>.]comm_lib_trace_rank_<rank>``, older ``nccl_trace_rank_<rank>``) are
+binary: they are listed apart, not read as lines.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
+from collector.flight_recorder import parse_dump_name
 from collector.signal import LogLine, Signal, Source
 from collector.timestamps import parse_timestamp
 
@@ -114,6 +117,20 @@ def _node_from_path(path: Path, root: Path | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class BundleDump:
+    """A Flight Recorder dump found in a bundle."""
+
+    path: Path
+    """The file."""
+    job: str | None
+    """Job from the file name or the ``--job`` flag."""
+    rank: int
+    """Rank from the file name."""
+    node: str | None
+    """Node from the path or the ``--node`` flag."""
+
+
 class BundleSource:
     """Reads a bundle given as paths (files, directories, ``-`` for stdin)."""
 
@@ -126,19 +143,35 @@ class BundleSource:
         self.job = job
         self.stdin = stdin
 
-    def files(self) -> list[LogFile]:
-        """Every file of the bundle, in a stable order."""
-        out: list[LogFile] = []
+    def _paths(self) -> list[tuple[Path, Path | None]]:
+        out: list[tuple[Path, Path | None]] = []
         for p in self.paths:
-            if p == "-":
-                out.append(LogFile(name="-", kind=LogKind.AUTO, node=self.node, job=self.job))
-                continue
             path = Path(p)
-            if path.is_dir():
-                for f in sorted(x for x in path.rglob("*") if x.is_file() and not x.name.startswith(".")):
-                    out.append(_describe(f, path, self.node, self.job))
-            else:
-                out.append(_describe(path, None, self.node, self.job))
+            if p != "-" and path.is_dir():
+                out.extend((f, path) for f in sorted(x for x in path.rglob("*")
+                                                     if x.is_file() and not x.name.startswith(".")))
+            elif p != "-":
+                out.append((path, None))
+        return out
+
+    def files(self) -> list[LogFile]:
+        """Every log file of the bundle (Flight Recorder dumps aside), in a stable order."""
+        out: list[LogFile] = []
+        if "-" in self.paths:
+            out.append(LogFile(name="-", kind=LogKind.AUTO, node=self.node, job=self.job))
+        for path, root in self._paths():
+            if parse_dump_name(path.name) is None:
+                out.append(_describe(path, root, self.node, self.job))
+        return out
+
+    def dumps(self) -> list[BundleDump]:
+        """The Flight Recorder dumps of the bundle, found by file name."""
+        out: list[BundleDump] = []
+        for path, root in self._paths():
+            parsed = parse_dump_name(path.name)
+            if parsed is not None:
+                node = self.node or _node_from_path(path, root)
+                out.append(BundleDump(path=path, job=parsed[0] or self.job, rank=parsed[1], node=node))
         return out
 
     def _read(self, f: LogFile) -> str:

@@ -95,7 +95,8 @@ def test_agent_and_service_lose_nothing_and_duplicate_nothing(tmp_path: Path) ->
     def burst(noise: int = 10) -> None:
         for w in (w1, w2):
             for i in range(noise):
-                w.line(f"step {n[0]}.{i} loss 1.87")
+                # Lines neither a fault rule nor a progress rule matches: the prefilter drops them.
+                w.line(f"dataloader worker {n[0]}.{i} prefetched 64 samples")
             n[0] += 1
             oom = f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {n[0]}.00 GiB"
             w.line(oom, stream="stderr")

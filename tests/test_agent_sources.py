@@ -290,7 +290,7 @@ def test_dcgm_scrape_keeps_health_fields() -> None:
     text = (FIXTURES / "dcgm-exporter.txt").read_text()
     samples = parse_scrape(text)
     names = {s.name for s in samples}
-    assert "DCGM_FI_DEV_SM_CLOCK" not in names
+    assert "DCGM_FI_DEV_FB_USED" not in names  # usage series stay with Prometheus
     xid = next(s for s in samples if s.name == "DCGM_FI_DEV_XID_ERRORS" and s.value)
     assert xid.value == 79 and xid.labels["gpu"] == "0" and xid.labels["pci"] == "00000000:3B:00.0"
     assert xid.labels["uuid"].startswith("GPU-b9f9")

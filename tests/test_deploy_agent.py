@@ -67,6 +67,9 @@ def test_agent_host_paths_are_read_only_except_its_state() -> None:
     # The paths the agent is told match where the volumes are mounted.
     assert env["KMEND_AGENT_IB_ROOT"] == "/host/sys/class/infiniband" and mounts["sys"]["mountPath"] == "/host/sys"
     assert env["KMEND_AGENT_STATE_DIR"] == mounts["state"]["mountPath"]
+    assert env["KMEND_AGENT_PROGRESS_DIR"] == mounts["progress"]["mountPath"] == host["progress"]
+    fr = mounts["flight-recorder"]["mountPath"]
+    assert env["KMEND_AGENT_FLIGHT_RECORDER_DIR"] == fr == host["flight-recorder"]
     probe = pod["containers"][0]["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
     assert pod["containers"][0]["ports"][0]["containerPort"] == AgentSettings(node="n").status_port

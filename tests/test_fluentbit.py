@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from analyzer.progress_rules import default_progress_rules_dir
 from analyzer.rules import Rule
 from collector.fluentbit import FluentBitOptions, dump_config, onigmo, render_config
 from tests.agent_helpers import TOKEN, Service
@@ -86,6 +87,17 @@ def test_grep_filters_keep_every_rule_example(rendered: dict[str, Any], shipped_
                 for example in rule.examples:
                     assert key_re[tag][1].search(example), (rule.id, example)
     assert not key_re["kube.*"][1].search("Epoch 3 step 1200 loss 1.873")
+
+
+def test_grep_filter_keeps_trainers_progress_lines(rendered: dict[str, Any]) -> None:
+    [container] = [f["regex"] for f in rendered["pipeline"]["filters"]
+                   if f["name"] == "grep" and f["match"] == "kube.*"]
+    grep = re.compile(container.split(" ", 1)[1])
+    examples = [(rule["id"], ex["line"]) for pack in sorted(default_progress_rules_dir().glob("*.yaml"))
+                for rule in yaml.safe_load(pack.read_text())["rules"] for ex in rule["examples"]]
+    assert len(examples) > 10
+    for rule_id, line in examples:
+        assert grep.search(line), (rule_id, line)
 
 
 def test_onigmo_conversion_drops_python_named_groups() -> None:

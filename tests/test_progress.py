@@ -117,10 +117,10 @@ def test_hook_files_become_progress_signals_once(tmp_path: Path, monkeypatch: py
     report_step(1, 0.25, {"compute": 0.2, "comm_wait": 0.05})
     report_step(2, 0.26)
     src = ProgressFileSource(tmp_path, node="gpu-9")
-    first = src.poll()
+    first = src.poll().signals
     assert [s.payload.step for s in first if isinstance(s.payload, ProgressSample)] == [1, 2]
     assert first[0].source is Source.PROGRESS and first[0].id == "gpu-9/progress/llama.rank5.jsonl/0"
-    assert src.poll() == []  # nothing new
+    assert src.poll().signals == []  # nothing new
     [ev, _] = ProgressExtractor(rules).extract(first)
     assert (ev.job, ev.rank, ev.phases["compute"]) == ("llama", 5, 0.2)
 
@@ -134,11 +134,11 @@ def test_a_partial_or_malformed_line_is_not_lost_or_fatal(tmp_path: Path) -> Non
         fh.write("not json\n")
         fh.write(json.dumps({"ts": 101.0, "job": "j", "rank": 0, "step": 2})[:20])  # writer mid-append
     src = ProgressFileSource(tmp_path, node="n")
-    assert [s.payload.step for s in src.poll() if isinstance(s.payload, ProgressSample)] == [1]
+    assert [s.payload.step for s in src.poll().signals if isinstance(s.payload, ProgressSample)] == [1]
     assert src.skipped == 1
     with open(path, "a") as fh:
         fh.write(json.dumps({"ts": 101.0, "job": "j", "rank": 0, "step": 2})[20:] + "\n")
-    assert [s.payload.step for s in src.poll() if isinstance(s.payload, ProgressSample)] == [2]
+    assert [s.payload.step for s in src.poll().signals if isinstance(s.payload, ProgressSample)] == [2]
 
 
 def test_without_a_progress_dir_the_hook_does_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,5 +152,5 @@ def test_progress_signals_survive_the_wire(tmp_path: Path) -> None:
     rep = ProgressReporter(tmp_path, "j", 3)
     rep.report_step(7, 1.5, {"compute": 1.2}, ts=1_700_000_000.0)
     rep.close()
-    [sig] = ProgressFileSource(tmp_path, node="n").poll()
+    [sig] = ProgressFileSource(tmp_path, node="n").poll().signals
     assert to_record(SignalIn.model_validate(to_wire(sig))) == sig

@@ -69,7 +69,7 @@ class Agent:
         # The hook's files sit on the node of the rank that wrote them (shared here, split by rank).
         for node in NODES:
             src = self.sources.setdefault(node, ProgressFileSource(self.progress_dir, node))
-            out.extend(s for s in src.poll() if node_of(_rank_of(s)) == node)
+            out.extend(s for s in src.poll().signals if node_of(_rank_of(s)) == node)
         return out
 
 

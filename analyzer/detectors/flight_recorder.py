@@ -2,7 +2,8 @@
 
 With ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` and ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (or
 ``TORCH_FR_BUFFER_SIZE``) > 0, each rank writes a pickle to
-``$TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>`` (default ``/tmp/nccl_trace_rank_<rank>``)
+``$TORCH_FR_DUMP_TEMP_FILE<rank>`` (older name ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``; default
+``~/.cache/torch/comm_lib_trace_rank_<rank>``, ``nccl_trace_rank_`` in older releases)
 when a collective times out. The pickle is a dict: ``version``, ``pg_config``
 (``{pg_name: {"name", "desc", "ranks": "[0, 1, ...]"}}``), ``pg_status``
 (``{pg_id: {"last_enqueued_collective", "last_started_collective",

@@ -2,7 +2,9 @@
 
 Parsed with prometheus-client's own text parser. Only the health fields are
 kept (Xid, ECC, row remap, PCIe replay, NVLink CRC, clock event reasons,
-temperatures, power); utilisation series stay with Prometheus.
+temperatures, power) plus GPU utilisation and SM clock, which the service's
+hang detector (busy GPUs with no progress) and node-straggler detector (a low
+SM clock) read; the other utilisation series stay with Prometheus.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ HEALTH_FIELDS: tuple[str, ...] = (
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_MEMORY_TEMP",
     "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_SM_CLOCK",
 )
 
 

@@ -40,6 +40,7 @@ class NvmlModule(Protocol):
     NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: int
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: int
     NVML_TEMPERATURE_GPU: int
+    NVML_CLOCK_SM: int
     NVML_NVLINK_MAX_LINKS: int
     NVML_NVLINK_ERROR_DL_REPLAY: int
     NVML_NVLINK_ERROR_DL_RECOVERY: int
@@ -59,6 +60,7 @@ class NvmlModule(Protocol):
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]: ...
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int: ...
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
     def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int: ...
@@ -216,6 +218,8 @@ class NvmlSource:
         simple: tuple[tuple[str, Callable[[], Any]], ...] = (
             ("clocks_throttle_reasons", lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
             ("temperature_celsius", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            # The straggler detector compares SM clocks across nodes (a throttled GPU runs slow).
+            ("clocks_sm_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             ("power_watts", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
             ("pcie_replay_total", lambda: nv.nvmlDeviceGetPcieReplayCounter(h)),
         )

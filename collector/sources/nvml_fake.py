@@ -43,6 +43,8 @@ class FakeGpu:
     """Active link to (error counter to value)."""
     utilization: tuple[int, int] = (0, 0)
     """(gpu, memory) percent."""
+    sm_clock_mhz: int | None = 1980
+    """Current SM clock; ``None``: not supported."""
 
 
 @dataclass
@@ -76,6 +78,7 @@ class FakeNvml:
     NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
     NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
     NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
     NVML_NVLINK_MAX_LINKS = 18
     NVML_NVLINK_ERROR_DL_REPLAY = 0
     NVML_NVLINK_ERROR_DL_RECOVERY = 1
@@ -142,6 +145,11 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Any, link: int, counter: int) -> int:
         return int(handle.nvlinks.get(link, {}).get(counter, 0))
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
+        if clock_type != self.NVML_CLOCK_SM or handle.sm_clock_mhz is None:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return int(handle.sm_clock_mhz)
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         return _Util(*handle.utilization)

@@ -19,13 +19,16 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
 from analyzer.rules import default_rules_dir, load_rules
 from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
+from collector.flight_recorder import DEFAULT_PREFIXES, FlightRecorderSource, HttpDumpUploader
 from collector.httpserver import start_status_server
 from collector.metrics import AgentMetrics
 from collector.podmeta import KubeApiPodMetadata
 from collector.prefilter import RegexPrefilter
+from collector.progress_file import ProgressFileSource
 from collector.shipper import Shipper
 from collector.sources.base import SignalSource
 from collector.sources.cri import CriLogSource
@@ -63,9 +66,18 @@ class AgentSettings(BaseSettings):
     nvml: bool = True
     dcgm_url: str | None = Field(None, description="DCGM exporter /metrics URL, e.g. http://localhost:9400/metrics")
     metrics_interval: float = Field(15.0, gt=0, description="seconds between NVML/DCGM/IB samples")
+    flight_recorder_dir: Path | None = Field(None, description="host directory the training pods' "
+                                             "TORCH_FR_DUMP_TEMP_FILE points into")
+    flight_recorder_prefixes: list[str] = Field(default_factory=lambda: list(DEFAULT_PREFIXES), min_length=1,
+                                                description="file-name part of TORCH_FR_DUMP_TEMP_FILE")
+    flight_recorder_settle_s: float = Field(5.0, ge=0, description="a dump unchanged this long is complete")
     prefilter: bool = Field(True, description="ship only lines a rule could match (plus all metrics)")
     prefilter_extra: list[str] = Field(default_factory=list, description="more patterns to ship")
     rules_dirs: list[Path] = Field(default_factory=lambda: [default_rules_dir()])
+    progress_rules_dirs: list[Path] = Field(default_factory=lambda: [default_progress_rules_dir()],
+                                            description="progress rule packs: lines they match pass the prefilter")
+    progress_dir: Path | None = Field(None, description="directory of report_step JSON lines ($KMEND_PROGRESS_DIR "
+                                                        "of the training pods, a hostPath)")
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
@@ -78,11 +90,18 @@ class AgentSettings(BaseSettings):
 
 
 def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
-    """The rule packs' patterns as a prefilter; rules are validated here, so a bad pack stops start-up."""
+    """The rule packs' patterns as a prefilter; rules are validated here, so a bad pack stops start-up.
+
+    Progress rules are included: the service's hang and straggler detectors read
+    trainers' step lines (Megatron iterations, Trainer dicts, tqdm bars), which no
+    fault rule matches.
+    """
     if not settings.prefilter:
         return None
     rules = load_rules(settings.rules_dirs)
-    return RegexPrefilter([r.pattern for r in rules] + list(settings.prefilter_extra))
+    progress = load_progress_rules(settings.progress_rules_dirs)
+    return RegexPrefilter([r.pattern for r in rules] + [r.regex.pattern for r in progress]
+                          + list(settings.prefilter_extra))
 
 
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
@@ -107,6 +126,15 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     elif settings.kernel == "file":
         sources.append(KernLogSource(node=node, path=settings.kern_log, resume=checkpoints.section("kernel"),
                                      prefilter=prefilter))
+    if settings.progress_dir is not None:
+        # Added even before the directory exists: the first training pod creates it.
+        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress")))
+    if settings.flight_recorder_dir is not None:
+        uploader = HttpDumpUploader(settings.service_url, token=settings.bearer())
+        sources.append(FlightRecorderSource(node=node, root=settings.flight_recorder_dir, uploader=uploader,
+                                            prefixes=settings.flight_recorder_prefixes, pod_metadata=meta,
+                                            resume=checkpoints.section("flight-recorder"),
+                                            settle_s=settings.flight_recorder_settle_s))
     if settings.ib_root.is_dir():
         sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
     if settings.nvml:
@@ -140,6 +168,8 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--kern-log", {"type": Path, "help": "kern.log file (with --kernel file)"}),
     ("--ib-root", {"type": Path, "help": "InfiniBand sysfs root"}),
     ("--dcgm-url", {"help": "DCGM exporter /metrics URL"}),
+    ("--flight-recorder-dir", {"type": Path, "help": "Flight Recorder dumps to upload"}),
+    ("--progress-dir", {"type": Path, "help": "report_step progress files (KMEND_AGENT_PROGRESS_DIR)"}),
     ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
     ("--status-port", {"type": int, "help": "port of /metrics and /healthz (0: off)"}),
     ("--status-host", {"help": "address of /metrics and /healthz"}),

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
 from analyzer.rules import default_rules_dir, load_rules
 from collector.fluentbit import FluentBitOptions, dump_config, dump_configmap, render_config
 
@@ -29,9 +30,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Render from the rule packs; a bad rule fails here, before Fluent Bit sees it."""
+    """Render from the rule packs; a bad rule fails here, before Fluent Bit sees it.
+
+    Container logs also keep the lines the progress packs match: the service's hang
+    and straggler detectors read them.
+    """
     rules = load_rules(args.rules or [default_rules_dir()])
-    container = [] if args.no_grep else [r.pattern for r in rules if r.applies_to("container")]
+    progress = load_progress_rules([default_progress_rules_dir()])
+    container = [] if args.no_grep else ([r.pattern for r in rules if r.applies_to("container")]
+                                         + [r.regex.pattern for r in progress])
     kernel = [] if args.no_grep else [r.pattern for r in rules if r.applies_to("kernel")]
     opts = FluentBitOptions(service_host=args.service_host, service_port=args.service_port, tls=args.tls,
                             token_env=args.token_env or None, kmsg=not args.no_kmsg)
