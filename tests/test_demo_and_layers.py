@@ -46,3 +46,13 @@ def test_import_layers_hold() -> None:
     out = subprocess.run([_bin("lint-imports")], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "BROKEN" not in out.stdout and "KEPT" in out.stdout
+
+
+def test_the_node_agent_does_not_load_the_control_planes_libraries() -> None:
+    """`kmend agent` runs on every GPU node: the web stack, the database and scikit-learn stay out of it."""
+    code = ("import sys, kmend.cli, kmend.commands.agent; kmend.cli.build_parser(); "
+            "print(sorted(m for m in ('sklearn', 'pandas', 'fastapi', 'uvicorn', 'sqlalchemy', 'kubernetes', 'torch')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,194 @@
+"""Offline diagnosis of a log bundle (what `kmend analyze PATH...` runs).
+
+Reads files, directories (kernel logs, container logs, ``/var/log/pods`` trees, kubectl
+dumps) or ``-`` for stdin; prints the incidents the rule packs and the correlator find,
+as a table or as JSON. Only lines a rule matches become signals, so large bundles stay fast.
+
+Trainers' progress lines feed the hang and straggler detectors, replayed in ticks of
+bundle time and judged at the bundle's last timestamp (a rank whose log stops long
+before the others' is named), and PyTorch
+Flight Recorder dumps in the bundle name the ranks that never joined the stuck
+collective. Their findings fold into the same incidents as the rule matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from analyzer.correlate import Correlator
+from analyzer.detectors.flight_recorder import DumpError
+from analyzer.detectors.suite import DetectorSuite
+from analyzer.engine import MultiMatcher
+from analyzer.pipeline import Analyzer
+from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
+from analyzer.records import Finding, Incident
+from analyzer.rules import RuleError, default_rules_dir, load_rules
+from collector.bundle import BundleSource
+from collector.signal import LogLine, Signal
+
+BUNDLE_WINDOW_S = math.inf
+"""Default correlation window: a bundle is cut around one failure, and its files may mix
+dmesg boot-relative seconds with wall-clock stamps, so the whole bundle is one window."""
+
+BATCH_LINES = 65536
+"""Lines per scan of the multi-pattern engine."""
+
+DETECTOR_TICK_S = 5.0
+"""Bundle seconds between detector evaluations while replaying (the straggler detector
+wants a slowdown on several consecutive evaluations, as the service sees it live)."""
+
+
+def _progress_lines(texts: Sequence[str], rules: Sequence[ProgressRule]) -> set[int]:
+    """Lines a progress rule extracts something from (its literal is checked before its pattern)."""
+    return {i for i, text in enumerate(texts) if any(r.extract(text) is not None for r in rules)}
+
+
+def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence[ProgressRule] = (),
+            ) -> tuple[list[Signal], set[tuple[str, str]], float | None]:
+    """Signals for the lines some rule matches, the (job, node) placements the bundle shows,
+    and the bundle's last timestamp (None for an empty bundle)."""
+    signals: list[Signal] = []
+    placements: set[tuple[str, str]] = set()
+    last_ts: float | None = None
+    for f in source.files():
+        fl = source.lines(f)
+        hit_lines: set[int] = _progress_lines(fl.texts, progress_rules)
+        for start in range(0, len(fl.texts), BATCH_LINES):
+            for hit in engine.scan(fl.texts[start:start + BATCH_LINES]):
+                hit_lines.add(start + hit.line)
+        file_signals = [source.signal(fl, i) for i in sorted(hit_lines)]
+        signals.extend(file_signals)
+        if fl.texts:
+            end = source.signal(fl, len(fl.texts) - 1).ts
+            last_ts = end if last_ts is None else max(last_ts, end)
+        # A pod's log shows where its job ran even when none of its lines matched a rule.
+        probe = file_signals[:1] or ([source.signal(fl, 0)] if fl.texts else [])
+        for sig in probe:
+            line = sig.payload
+            if isinstance(line, LogLine) and line.job and sig.node != "unknown":
+                placements.add((line.job, sig.node))
+    signals.sort(key=lambda s: s.ts)
+    return signals, placements, last_ts
+
+
+def add_dumps(source: BundleSource, detectors: DetectorSuite, jobs: set[str], ts: float) -> int:
+    """Hand the bundle's Flight Recorder dumps to the detector; returns how many were readable.
+
+    A dump whose name and flags say no job belongs to the bundle's only job, when it has one.
+    """
+    added = 0
+    for dump in source.dumps():
+        job = dump.job or (next(iter(jobs)) if len(jobs) == 1 else None)
+        if job is None:
+            print(f"kmend analyze: {dump.path}: no job for this Flight Recorder dump (use --job)", file=sys.stderr)
+            continue
+        try:
+            detectors.add_flight_recorder_dump(job, dump.rank, dump.node or "unknown", dump.path.read_bytes(), ts,
+                                               source=str(dump.path))
+        except DumpError as exc:
+            print(f"kmend analyze: {dump.path}: {exc}", file=sys.stderr)
+            continue
+        added += 1
+    return added
+
+
+def diagnose(args: argparse.Namespace) -> list[Incident]:
+    """Incidents of the bundle named by the parsed arguments."""
+    rules = load_rules(args.rules or [default_rules_dir()])
+    progress_rules = load_progress_rules([default_progress_rules_dir()])
+    correlator = Correlator(window_s=args.window if args.window is not None else BUNDLE_WINDOW_S, bundle=True)
+    # Nothing arrives after the bundle was cut: the dumps in it are all there will be.
+    detectors = DetectorSuite(progress_rules, flight_recorder_settle_s=0.0)
+    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors)
+    source = BundleSource(args.paths, node=args.node, job=args.job)
+    signals, placements, last_ts = collect(source, MultiMatcher(rules), progress_rules)
+    for job, node in sorted(placements):
+        correlator.observe_placement(job, node)
+    replay(analyzer, signals)
+    if last_ts is not None:
+        add_dumps(source, detectors, {job for job, _ in placements}, last_ts)
+        analyzer.evaluate(last_ts)
+    return correlator.incidents()
+
+
+def replay(analyzer: Analyzer, signals: Sequence[Signal], tick_s: float = DETECTOR_TICK_S) -> None:
+    """Feed time-ordered signals in ticks of bundle time, running the detectors around each tick.
+
+    Before a tick the detectors see the silence that preceded it (a stall in a gap of
+    the logs), after it the tick's progress. Empty stretches cost nothing.
+    """
+    i = 0
+    while i < len(signals):
+        start = signals[i].ts
+        j = i
+        while j < len(signals) and signals[j].ts < start + tick_s:
+            j += 1
+        analyzer.evaluate(start)
+        analyzer.process(signals[i:j])
+        analyzer.evaluate(signals[j - 1].ts)
+        i = j
+
+
+def _finding_json(f: Finding) -> dict[str, Any]:
+    w = f.where
+    return {
+        "rule_id": f.rule_id, "fault_class": f.fault_class.value, "severity": f.severity.value,
+        "hardware": f.hardware, "recommended_action": f.recommended_action.value, "ts": f.ts,
+        "node": w.node, "gpu": w.gpu, "pci": w.pci, "port": w.port, "rank": w.rank, "job": w.job,
+        "message": f.message, "fields": dict(f.fields), "evidence": list(f.evidence),
+    }
+
+
+def incident_json(inc: Incident) -> dict[str, Any]:
+    """One incident in the documented CLI JSON shape."""
+    rc = inc.root_cause
+    return {
+        "fault_class": inc.fault_class.value,
+        "hardware": inc.hardware,
+        "recommended_action": inc.recommended_action.value,
+        "root_cause": {"node": rc.node, "gpu": rc.gpu, "pci": rc.pci, "rank": rc.rank, "job": rc.job},
+        "findings": [_finding_json(f) for f in inc.findings],
+    }
+
+
+def render_table(incidents: Sequence[Incident]) -> str:
+    """Human-readable summary: one row per incident, its first evidence line under it."""
+    if not incidents:
+        return "no incidents found"
+    head = ("#", "FAULT CLASS", "HW", "ACTION", "NODE", "GPU/PCI", "RANK", "JOB", "FINDINGS", "ROOT RULE")
+    rows = []
+    for n, inc in enumerate(incidents, 1):
+        rc = inc.root_cause
+        rows.append((
+            str(n), inc.fault_class.value, "yes" if inc.hardware else "no", inc.recommended_action.value,
+            rc.node or "-", rc.pci or rc.gpu or "-", "-" if rc.rank is None else str(rc.rank),
+            rc.job or "-", str(len(inc.findings)), inc.root_finding.rule_id,
+        ))
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]
+    lines.append("")
+    for n, inc in enumerate(incidents, 1):
+        lines.append(f"#{n} {inc.root_finding.message[:160]}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``kmend analyze``; returns the process exit code."""
+    try:
+        incidents = diagnose(args)
+    except RuleError as exc:
+        print(f"kmend analyze: bad rule pack: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kmend analyze: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        print(json.dumps({"incidents": [incident_json(i) for i in incidents]}, indent=2))
+    else:
+        print(render_table(incidents))
+    return 0
