@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from numpy.typing import NDArray
 from analyzer.rules import Rule
 
 _NL = ord("\n")
+_BLOCK = 2048
+"""Lines joined and encoded at a time (about 200 kB of log)."""
 
 
 class Backend(StrEnum):
@@ -282,27 +283,16 @@ def _line_starts(lines: Sequence[str]) -> list[int]:
 
 
 def encode_lines(lines: Sequence[str]) -> bytes:
-    """The lines joined with newlines as UTF-8, with one join and one encode per ASCII run.
+    """The lines joined with newlines, as UTF-8 (lone surrogates pass through).
 
-    One non-ASCII line makes the joined str a wide one, which encodes several times slower than
-    a copy; so only the non-ASCII lines are encoded on their own and the ASCII runs between them
-    stay one join and one copy each. Lone surrogates (lines decoded with ``surrogateescape``)
-    pass through.
+    Joined and encoded in blocks: one non-ASCII line makes a joined str wide, and a wide str
+    encodes several times slower than an ASCII one is copied, so only its block pays for it.
     """
-    text = "\n".join(lines)
-    if text.isascii():
-        return text.encode("ascii")
-    wide = list(itertools.compress(range(len(lines)), map(operator.not_, map(str.isascii, lines))))
     parts: list[bytes] = []
-    prev = 0
-    for i in wide:
-        if i > prev:
-            parts.append("\n".join(lines[prev:i]).encode("ascii"))
-        parts.append(lines[i].encode("utf-8", "surrogatepass"))
-        prev = i + 1
-    if prev < len(lines):
-        parts.append("\n".join(lines[prev:]).encode("ascii"))
-    return b"\n".join(parts)
+    for i in range(0, len(lines), _BLOCK):
+        block = "\n".join(lines[i:i + _BLOCK])
+        parts.append(block.encode("ascii") if block.isascii() else block.encode("utf-8", "surrogatepass"))
+    return parts[0] if len(parts) == 1 else b"\n".join(parts)
 
 
 class NaiveMatcher:
