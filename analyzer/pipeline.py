@@ -14,7 +14,6 @@ from analyzer.records import Finding, Incident
 from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
 
-
 _PAYLOAD = operator.attrgetter("payload")
 _JOB = operator.attrgetter("job")
 _NODE = operator.attrgetter("node")
