@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -279,7 +280,9 @@ class MultiMatcher:
 
 def _line_starts(lines: Sequence[str]) -> list[int]:
     """Offset of each line in the newline-joined text (lengths summed in C, not a Python loop)."""
-    return [0, *itertools.accumulate(len(ln) + 1 for ln in lines[:-1])] if lines else []
+    if not lines:
+        return []
+    return list(itertools.accumulate(map(operator.add, map(len, lines[:-1]), itertools.repeat(1)), initial=0))
 
 
 def encode_lines(lines: Sequence[str]) -> bytes:
