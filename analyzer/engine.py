@@ -1,9 +1,10 @@
 """Multi-pattern matching: the whole rule pack compiled into one database, batches scanned at once.
 
-A batch of lines is joined with newlines and scanned in one call; match offsets map back to
-lines, and only the matched lines are searched again with the rule's own regex, which
-confirms the match and extracts its fields. The database is a prefilter: the Python regex
-is the single source of truth for what matches, so every backend gives the same findings.
+A batch of lines is joined with newlines and scanned a block of lines per call (a log file's
+bytes in one call); match offsets map back to lines, and only the matched lines are searched
+again with the rule's own regex, which confirms the match and extracts its fields. The
+database is a prefilter: the Python regex is the single source of truth for what matches, so
+every backend gives the same findings.
 
 Backends, fastest first: hyperscan (all patterns in one DFA/NFA database), RE2's
 ``re2.Set`` (tells which rules match somewhere in the batch), plain ``re`` (every rule's
@@ -28,7 +29,7 @@ from analyzer.rules import Rule
 
 _NL = ord("\n")
 _BLOCK = 2048
-"""Lines joined and encoded at a time (about 200 kB of log)."""
+"""Lines joined, encoded and scanned at a time: about 200 kB of log, which stays in the CPU cache."""
 
 
 class Backend(StrEnum):
@@ -158,12 +159,19 @@ class MultiMatcher:
         if not lines:
             return []
         if self._hs is not None:
-            data = encode_lines(lines)
-            newline = np.frombuffer(data, dtype=np.uint8) == _NL
-            if int(np.count_nonzero(newline)) != len(lines) - 1:
-                # A line with an embedded newline would shift every later line: keep lines whole.
-                return self.scan([ln.replace("\n", " ") for ln in lines])
-            candidates = self._hyperscan_lines(data, newline)
+            candidates: set[tuple[int, int]] = set()
+            # Block by block, so the joined text, its bytes and the newline mask stay in the CPU cache
+            # between the passes over them. Findings are confirmed on single lines, so no match that
+            # could become one spans a block boundary.
+            for first in range(0, len(lines), _BLOCK):
+                block = lines[first:first + _BLOCK]
+                text = "\n".join(block)
+                data = text.encode("ascii") if text.isascii() else text.encode("utf-8", "surrogatepass")
+                newline = np.frombuffer(data, dtype=np.uint8) == _NL
+                if int(np.count_nonzero(newline)) != len(block) - 1:
+                    # A line with an embedded newline would shift every later line: keep lines whole.
+                    return self.scan([ln.replace("\n", " ") for ln in lines])
+                candidates.update((first + line, rule_no) for line, rule_no in self._hyperscan_lines(data, newline))
             if self._residual:
                 candidates |= self._scan_re("\n".join(lines), self._residual, lines)
         else:
@@ -283,19 +291,6 @@ def _line_starts(lines: Sequence[str]) -> list[int]:
     if not lines:
         return []
     return list(itertools.accumulate(map(operator.add, map(len, lines[:-1]), itertools.repeat(1)), initial=0))
-
-
-def encode_lines(lines: Sequence[str]) -> bytes:
-    """The lines joined with newlines, as UTF-8 (lone surrogates pass through).
-
-    Joined and encoded in blocks: one non-ASCII line makes a joined str wide, and a wide str
-    encodes several times slower than an ASCII one is copied, so only its block pays for it.
-    """
-    parts: list[bytes] = []
-    for i in range(0, len(lines), _BLOCK):
-        block = "\n".join(lines[i:i + _BLOCK])
-        parts.append(block.encode("ascii") if block.isascii() else block.encode("utf-8", "surrogatepass"))
-    return parts[0] if len(parts) == 1 else b"\n".join(parts)
 
 
 class NaiveMatcher:

@@ -1,5 +1,6 @@
-"""Batch scanning on the service path: UTF-8 encoding of mixed batches, line attribution of hits at
-batch edges, and identical findings from every backend, the naive matcher and FastMatcher on signals."""
+"""Batch scanning on the service path: line attribution of hits at batch and block edges in batches
+mixing ASCII, non-ASCII and empty lines, and identical findings from every backend, the naive matcher
+and FastMatcher on signals."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 import pytest
 
-from analyzer.engine import Backend, MultiMatcher, NaiveMatcher, available_backends, encode_lines
+from analyzer.engine import _BLOCK, Backend, MultiMatcher, NaiveMatcher, available_backends
 from analyzer.matcher import FastMatcher, RegexMatcher
 from analyzer.pipeline import Analyzer
 from analyzer.rules import Rule, default_rules_dir, load_rules
@@ -22,13 +23,6 @@ def rules() -> list[Rule]:
     return load_rules([default_rules_dir()])
 
 
-@pytest.mark.parametrize("lines", [
-    ["plain", "ascii"], ["", "é", "", "noise ü", "tail"], ["\udcff lone surrogate", "ok", "日本語"],
-    ["ü"], ["a", "b", "ç"], [""]])
-def test_encode_lines_is_the_joined_batch_in_utf8(lines: list[str]) -> None:
-    assert encode_lines(lines) == "\n".join(lines).encode("utf-8", "surrogatepass")
-
-
 def _mixed_batch(rules: list[Rule], seed: int, n: int = 3000) -> list[str]:
     rng = random.Random(seed)
     faults = [ex for r in rules for ex in r.examples]
@@ -38,9 +32,10 @@ def _mixed_batch(rules: list[Rule], seed: int, n: int = 3000) -> list[str]:
 
 @pytest.mark.parametrize("seed", range(4))
 def test_every_backend_gives_the_naive_matchers_hits(rules: list[Rule], seed: int) -> None:
-    lines = _mixed_batch(rules, seed)
-    # Faults in the first and last line: hits at offset 0 and at the very end of the buffer.
+    lines = _mixed_batch(rules, seed, 2 * _BLOCK + 500)
+    # Faults in the first and last line (offset 0, end of the buffer) and on both sides of block edges.
     lines[0], lines[-1] = XID, OOM
+    lines[_BLOCK - 1], lines[_BLOCK], lines[2 * _BLOCK - 1] = OOM, XID + " é", XID
     want = [(h.line, h.rule.id) for h in NaiveMatcher(rules).scan(lines)]
     assert want[0] == (0, "xid-79") and want[-1][0] == len(lines) - 1
     for backend in available_backends():
