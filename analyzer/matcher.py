@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable, Sequence
 
@@ -9,6 +10,9 @@ from analyzer.engine import Backend, MultiMatcher
 from analyzer.records import Finding, Location
 from analyzer.rules import Rule
 from collector.signal import LogLine, Signal
+
+_PAYLOAD = operator.attrgetter("payload")
+_TEXT = operator.attrgetter("text")
 
 # torchrun prefixes every line of a rank with "[rank7]:"; the rank is known even when the rule does not ask.
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
@@ -103,11 +107,16 @@ class FastMatcher:
 
     def match(self, signals: Iterable[Signal]) -> list[Finding]:
         """All findings for the log-line signals of a batch, in signal order."""
-        logs = [s for s in signals if isinstance(s.payload, LogLine)]
+        logs: Sequence[Signal] = signals if isinstance(signals, list | tuple) else list(signals)
+        payloads = list(map(_PAYLOAD, logs))
+        # A batch is nearly always all log lines: check the types once (in C) instead of per signal.
+        if set(map(type, payloads)) != {LogLine}:
+            logs = [s for s, p in zip(logs, payloads, strict=True) if isinstance(p, LogLine)]
+            payloads = list(map(_PAYLOAD, logs))
         out: list[Finding] = []
-        for hit in self.engine.scan([s.payload.text for s in logs if isinstance(s.payload, LogLine)]):
+        for hit in self.engine.scan(list(map(_TEXT, payloads))):
             sig = logs[hit.line]
-            line = sig.payload
+            line = payloads[hit.line]
             if isinstance(line, LogLine) and hit.rule.applies_to(sig.source):
                 out.append(finding_from_match(hit.rule, sig, line, hit.match.groupdict()))
         return out

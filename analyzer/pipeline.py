@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from analyzer.correlate import Correlator
@@ -12,6 +13,25 @@ from analyzer.matcher import FastMatcher
 from analyzer.records import Finding, Incident
 from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
+
+_PAYLOAD = operator.attrgetter("payload")
+_JOB = operator.attrgetter("job")
+_NODE = operator.attrgetter("node")
+
+
+def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
+    """(job, node) pairs a batch shows, each once.
+
+    A batch is thousands of log lines from a few pods: collecting the distinct pairs in C and
+    recording each once costs far less than a Python step per signal.
+    """
+    payloads = list(map(_PAYLOAD, signals))
+    if set(map(type, payloads)) <= {LogLine, ProgressSample}:
+        pairs = set(zip(map(_JOB, payloads), map(_NODE, signals), strict=True))
+    else:
+        pairs = {(p.job, s.node) for s, p in zip(signals, payloads, strict=True)
+                 if isinstance(p, LogLine | ProgressSample)}
+    return {(job, node) for job, node in pairs if job}
 
 
 class Analyzer:
@@ -29,10 +49,8 @@ class Analyzer:
 
     def findings(self, signals: Sequence[Signal]) -> list[Finding]:
         """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors)."""
-        for sig in signals:
-            p = sig.payload
-            if isinstance(p, LogLine | ProgressSample) and p.job:
-                self.correlator.observe_placement(p.job, sig.node)
+        for job, node in _placements(signals):
+            self.correlator.observe_placement(job, node)
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals)

@@ -40,6 +40,7 @@ from healer.gang.records import (
     Toleration,
     TolerationOperator,
 )
+from healer.kube_watch import PodInformer
 
 REASON_ANNOTATION = "kmend.io/schedule-reason"
 """PodGroup annotation holding kmend's reason (coscheduling's status schema has no message field)."""
@@ -163,13 +164,19 @@ class KubePodScheduling:
     """PodScheduling against a real API server; see the Protocol for the guarantees."""
 
     def __init__(self, api: client.ApiClient, *, clock: Callable[[], float], component: str = "kmend",
-                 page_size: int = 1000, timeout_s: float = 30.0) -> None:
+                 page_size: int = 1000, timeout_s: float = 30.0, watch_read_timeout_s: float = 10.0,
+                 watch_timeout_s: int = 300) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.clock = clock
         self.component = component
         self.page_size = page_size
         self.timeout_s = timeout_s
+        self._watch_options: dict[str, Any] = {"read_timeout_s": watch_read_timeout_s,
+                                               "watch_timeout_s": watch_timeout_s}
+        self._informer: PodInformer | None = None
+        self._cursor = ""
+        self._reads = 0
 
     @classmethod
     def from_kubeconfig(cls, path: str, *, clock: Callable[[], float], **kw: Any) -> KubePodScheduling:
@@ -206,6 +213,9 @@ class KubePodScheduling:
         running = "status.phase!=Succeeded,status.phase!=Failed"
         pods = tuple(pod_record(o) for o in self._pages(self.core.list_pod_for_all_namespaces,
                                                         field_selector=running))
+        return Snapshot(nodes, pods, self._pod_groups())
+
+    def _pod_groups(self) -> tuple[PodGroupRecord, ...]:
         groups: list[PodGroupRecord] = []
         for kind, (group, version) in _GROUP_APIS.items():
             try:
@@ -213,12 +223,35 @@ class KubePodScheduling:
             except NotFoundError:
                 continue
             groups.extend(pod_group_record(o, kind) for o in body.get("items") or ())
-        return Snapshot(nodes, pods, tuple(groups))
+        return tuple(groups)
 
     def changes(self, cursor: str) -> PodChanges:
-        """Every read is a full relist (the cache diffs it); the cursor counts reads."""
-        snap = self.snapshot()
-        return PodChanges(str(int(cursor or 0) + 1), True, snap.pods, (), snap.nodes, snap.pod_groups)
+        """Pods from the informer's change log; nodes and PodGroups listed (they are few).
+
+        The first call lists every pod and starts the watch. A cursor other than the one the
+        previous call returned, or a watch that had to list again, gives a full list. Changes
+        reach the log as the watch delivers them, as with any informer: a write made a moment
+        ago may show in the next call rather than this one.
+        """
+        if self._informer is None:
+            informer = PodInformer(self.core, pod_record, page_size=self.page_size, timeout_s=self.timeout_s,
+                                   **self._watch_options)
+            try:
+                informer.start()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                raise map_error(exc) from exc
+            self._informer = informer
+        drained = self._informer.drain(everything=cursor != self._cursor)
+        self._reads += 1
+        self._cursor = f"{id(self._informer):x}.{self._reads}"
+        snap_nodes = tuple(node_record(o) for o in self._pages(self.core.list_node))
+        return PodChanges(self._cursor, drained.full, drained.pods, drained.gone, snap_nodes, self._pod_groups())
+
+    def close(self) -> None:
+        """Stop the pod watch (a later ``changes`` lists and watches again)."""
+        if self._informer is not None:
+            self._informer.stop()
+            self._informer = None
 
     def bind(self, pod: PodRecord, node: str) -> None:
         """POST pods/{name}/binding with the pod's UID as precondition."""

@@ -49,6 +49,11 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
             kmend.wake()
             for w in workers:
                 w.join(timeout=10)
+            if kmend.scheduler is not None:
+                # The Kubernetes port follows pods with a watch thread of its own; SimPods has none.
+                close = getattr(kmend.scheduler.port, "close", None)
+                if callable(close):
+                    close()
 
     app = FastAPI(title="kmend", version="0.1.0", lifespan=lifespan)
     app.state.kmend = kmend

@@ -7,8 +7,9 @@ through ``/status`` (merged by type; a plain patch ignores ``status``), events
 with ``generateName``; pods listed with field selectors and ``limit``/``continue``
 pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
 the UID precondition fails), deleted by setting ``deletionTimestamp`` while
-bound; PodGroup custom objects once their CRD is installed. Errors can be
-queued per method and path to test retries.
+bound; pod lists carry the current ``resourceVersion`` and ``watch=true`` streams
+pod changes from it (``tests/fake_watch.py``); PodGroup custom objects once their
+CRD is installed. Errors can be queued per method and path to test retries.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import re
 import threading
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
+
+from tests.fake_watch import PodWatchLog
 
 
 class FakeApiServer:
@@ -37,9 +41,11 @@ class FakeApiServer:
         self.events: list[dict[str, Any]] = []
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
-        self._rv = itertools.count(100)
         self._errors: deque[tuple[str, re.Pattern[str], int, str]] = deque()
         self._lock = threading.Lock()
+        self.watch = PodWatchLog(self._lock)
+        """Pod watch history and stream controls (``end_streams``, ``expire``)."""
+        self._rv = self._versions()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,6 +65,9 @@ class FakeApiServer:
                 body = json.loads(self.rfile.read(n) or b"null")
                 path, _, qs = self.path.partition("?")
                 query = {k: v[-1] for k, v in parse_qs(qs, keep_blank_values=True).items()}
+                if method == "GET" and path == "/api/v1/pods" and query.get("watch") in ("true", "1"):
+                    server.watch.serve(self, query)
+                    return
                 code, out = server.handle(method, path, body, self.headers.get("Content-Type", ""), query)
                 self._send(code, out)
 
@@ -89,6 +98,16 @@ class FakeApiServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def _versions(self) -> Iterator[int]:
+        for n in itertools.count(100):
+            self.watch.version = n
+            yield n
+
+    def pod_changed(self, kind: str, pod: dict[str, Any]) -> None:
+        """A write to a pod: new resourceVersion, and the event for watchers. Caller holds the lock."""
+        pod["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.watch.record(kind, pod)
+
     # -- test controls -------------------------------------------------------------
 
     def fail(self, method: str, path_regex: str, status: int, message: str = "injected") -> None:
@@ -110,7 +129,15 @@ class FakeApiServer:
             if node:
                 pod["spec"]["nodeName"] = node
             self.pods[(namespace, name)] = pod
+            self.watch.record("ADDED", pod)
             return copy.deepcopy(pod)
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        """The kubelet reports a pod's phase (``Succeeded``/``Failed`` finish it)."""
+        with self._lock:
+            pod = self.pods[(namespace, name)]
+            pod["status"]["phase"] = phase
+            self.pod_changed("MODIFIED", pod)
 
     def finish_termination(self, namespace: str, name: str) -> None:
         """The kubelet finished a terminating pod: the object goes."""
@@ -118,6 +145,7 @@ class FakeApiServer:
             pod = self.pods.get((namespace, name))
             if pod is not None and pod["metadata"].get("deletionTimestamp"):
                 del self.pods[(namespace, name)]
+                self.pod_changed("DELETED", pod)
 
     def install_crd(self, group: str, version: str) -> None:
         """Serve ``podgroups`` of ``group/version`` (an uninstalled CRD answers 404)."""
@@ -293,11 +321,12 @@ def _selector(text: str) -> tuple[list[tuple[str, bool, str]], str]:
     return terms, ""
 
 
-def _page(items: list[dict[str, Any]], kind: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _page(items: list[dict[str, Any]], kind: str, query: dict[str, str],
+          version: int = 1) -> tuple[int, dict[str, Any]]:
     start = int(query.get("continue") or 0)
     limit = int(query.get("limit") or 0)
     end = start + limit if limit else len(items)
-    meta: dict[str, Any] = {"resourceVersion": "1"}
+    meta: dict[str, Any] = {"resourceVersion": str(version)}
     if end < len(items):
         meta["continue"] = str(end)
     return 200, {"kind": kind, "apiVersion": "v1", "metadata": meta,
@@ -313,7 +342,7 @@ def _pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype:
             return _status(400, "BadRequest", error)
         items = [p for _, p in sorted(server.pods.items())
                  if all((_FIELDS[k](p) == v) != neg for k, neg, v in terms)]
-        return _page(items, "PodList", query)
+        return _page(items, "PodList", query, server.watch.version)
     if path == "/api/v1/nodes" and method == "GET":
         return _page([server.nodes[n] for n in sorted(server.nodes)], "NodeList", query)
     m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?", path)
@@ -323,7 +352,10 @@ def _pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype:
         if pod is None:
             return _status(404, "NotFound", f'pods "{key[1]}" not found')
         if m.group(3) and method == "POST":
-            return _bind(pod, body)
+            code, out = _bind(pod, body)
+            if code == 201:
+                server.pod_changed("MODIFIED", pod)
+            return code, out
         if not m.group(3) and method == "GET":
             return 200, copy.deepcopy(pod)
         if not m.group(3) and method == "DELETE":
@@ -335,8 +367,10 @@ def _pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype:
                 # A kubelet must stop it first: the object stays, terminating, with its resources.
                 pod["metadata"].setdefault("deletionTimestamp", _now())
                 pod["metadata"].setdefault("deletionGracePeriodSeconds", 30)
+                server.pod_changed("MODIFIED", pod)
             else:
                 del server.pods[key]
+                server.pod_changed("DELETED", pod)
             return 200, copy.deepcopy(pod)
         return _status(405, "MethodNotAllowed", f"{method} is not supported on {path}")
     m = re.fullmatch(r"/apis/([^/]+)/([^/]+)(?:/namespaces/([^/]+))?/podgroups(?:/([^/]+))?(/status)?", path)

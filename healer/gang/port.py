@@ -95,7 +95,10 @@ class PodScheduling(Protocol):
 
     Guarantees every adapter honours:
     - ``changes(cursor)`` applied to what the previous call returned gives what ``snapshot`` would
-      return now (pods keyed by namespace and name); an empty or expired cursor gives a full list;
+      return now (pods keyed by namespace and name), once the adapter has seen the writes: a
+      watching adapter sees them when its stream delivers them, so a write made a moment ago may
+      show in the next call instead; an empty or expired cursor gives a full list, and so does
+      an adapter that lost track of changes (its watch expired), which sets ``full``;
     - ``snapshot`` returns nodes, every pod that is not finished (pending, bound and terminating,
       whatever its scheduler) and every PodGroup, each list read in one pass;
     - ``bind`` follows the Binding API: a pod that is already bound, is being deleted or whose UID

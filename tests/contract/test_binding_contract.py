@@ -52,9 +52,11 @@ def _kube(path: str) -> Iterator[tuple[PodScheduling, Make, str]]:
         raw = core.read_namespaced_pod(name, namespace, _preload_content=False)
         return pod_record(json.loads(raw.data))
 
+    port = KubePodScheduling(api, clock=time.time)
     try:
-        yield KubePodScheduling(api, clock=time.time), make, node
+        yield port, make, node
     finally:
+        port.close()
         core.delete_namespace(namespace)
         core.delete_node(node)
 
@@ -72,8 +74,12 @@ def _kube_fake() -> Iterator[tuple[PodScheduling, Make, str]]:
             return pod_record(api.add_pod("contract", name, scheduler=SCHEDULER, requests={"cpu": "100m"}))
 
         # A page size of 2 makes every list in the contract span several pages.
-        yield (KubePodScheduling(client.ApiClient(client.Configuration(host=api.url)), clock=time.time,
-                                 page_size=2), make, "node-a")
+        port = KubePodScheduling(client.ApiClient(client.Configuration(host=api.url)), clock=time.time,
+                                 page_size=2, watch_read_timeout_s=1.0)
+        try:
+            yield port, make, "node-a"
+        finally:
+            port.close()
 
 
 PORTS = ["sim", "kube-fake", "kube"]
@@ -175,11 +181,20 @@ def test_changes_replayed_give_the_snapshot(port: tuple[PodScheduling, Make, str
     second = make("chg-b")
     p.bind(first, node)
     p.delete_pod(second)
-    later = p.changes(seen.cursor)
-    if later.full:
-        held = {}
-    for key in later.gone:
-        held.pop(key, None)
-    held.update({(x.namespace, x.name): x for x in later.pods})
-    assert held == {(x.namespace, x.name): x for x in p.snapshot().pods}
+    cursor = seen.cursor
+    # A watching adapter reports a write once its stream delivers it, so read until it has.
+    deadline = time.monotonic() + 10
+    while True:
+        later = p.changes(cursor)
+        cursor = later.cursor
+        if later.full:
+            held = {}
+        for key in later.gone:
+            held.pop(key, None)
+        held.update({(x.namespace, x.name): x for x in later.pods})
+        want = {(x.namespace, x.name): x for x in p.snapshot().pods}
+        if held == want or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert held == want
     assert held[(first.namespace, first.name)].node_name == node
