@@ -8,7 +8,10 @@ with ``generateName``; pods listed with field selectors and ``limit``/``continue
 pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
 the UID precondition fails), deleted by setting ``deletionTimestamp`` while
 bound; PodGroup custom objects once their CRD is installed. Errors can be
-queued per method and path to test retries.
+queued per method and path to test retries. What the Workloads port uses (pod
+create/patch/eviction, ConfigMaps, Jobs, budgets, other custom objects) is in
+``tests/fake_apiserver_objects.py``. Every request is recorded (``requests``) so
+tests can derive the RBAC verbs a component needs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
+
 
 class FakeApiServer:
     """Serve on 127.0.0.1:<free port>; `url` is the base URL for a kubeconfig/Configuration."""
@@ -40,6 +45,7 @@ class FakeApiServer:
         self._rv = itertools.count(100)
         self._errors: deque[tuple[str, re.Pattern[str], int, str]] = deque()
         self._lock = threading.Lock()
+        self.workload = ObjectRoutes(self.pods, lambda: str(next(self._rv)), _now)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,6 +64,7 @@ class FakeApiServer:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"null")
                 path, _, qs = self.path.partition("?")
+                server.requests.append((method, path))  # only what clients send, not the test controls
                 query = {k: v[-1] for k, v in parse_qs(qs, keep_blank_values=True).items()}
                 code, out = server.handle(method, path, body, self.headers.get("Content-Type", ""), query)
                 self._send(code, out)
@@ -96,21 +103,56 @@ class FakeApiServer:
         self._errors.append((method, re.compile(path_regex), status, message))
 
     def add_pod(self, namespace: str, name: str, *, scheduler: str = "default-scheduler", node: str = "",
-                requests: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        """Create a pod directly (as a controller would) and return the stored object."""
+                requests: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                phase: str = "Pending", owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Create a pod directly (as a controller would; a kubelet sets ``phase``) and return the stored object."""
         with self._lock:
             pod = {"kind": "Pod", "apiVersion": "v1",
                    "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
                                 "labels": labels or {}, "resourceVersion": str(next(self._rv)),
-                                "creationTimestamp": _now()},
+                                "creationTimestamp": _now(), "ownerReferences": owners or []},
                    "spec": {"schedulerName": scheduler,
                             "containers": [{"name": "c", "image": "busybox",
                                             "resources": {"requests": requests or {}}}]},
-                   "status": {"phase": "Pending"}}
+                   "status": {"phase": phase}}
             if node:
                 pod["spec"]["nodeName"] = node
             self.pods[(namespace, name)] = pod
+            self.workload.namespaces.setdefault(namespace, {})
             return copy.deepcopy(pod)
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        """The kubelet reports a pod's phase (a bound pod stays Pending until one does)."""
+        with self._lock:
+            self.pods[(namespace, name)]["status"]["phase"] = phase
+
+    def install_kind(self, group: str, version: str, plural: str, kind: str) -> None:
+        """Serve a custom resource's CRD (PyTorchJob, JobSet, Volcano Job and Command)."""
+        with self._lock:
+            self.workload.install(group, version, plural, kind)
+
+    def add_object(self, group: str, version: str, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create an object of an installed or built-in kind directly and return the stored object."""
+        path = (f"/apis/{group}/{version}" if group else f"/api/{version}") + f"/namespaces/{namespace}/{plural}"
+        with self._lock:
+            code, out = self.workload.route("POST", path, body, {}) or (404, {})
+        assert code == 201, out
+        return out
+
+    def object(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object, or None."""
+        with self._lock:
+            return copy.deepcopy(self.workload.objects[(group, version, plural)].get((namespace, name)))
+
+    def set_status(self, group: str, version: str, plural: str, namespace: str, name: str,
+                   status: dict[str, Any]) -> None:
+        """A controller writes an object's status (a Job's ``succeeded``)."""
+        with self._lock:
+            self.workload.objects[(group, version, plural)][(namespace, name)]["status"] = status
+
+    def verbs(self) -> set[tuple[str, str, str]]:
+        """(API group, resource, verb) of every request served so far, for checking RBAC rules."""
+        return {v for method, path in self.requests if (v := rbac_verb(method, path)) is not None}
 
     def finish_termination(self, namespace: str, name: str) -> None:
         """The kubelet finished a terminating pod: the object goes."""
@@ -147,12 +189,14 @@ class FakeApiServer:
     def handle(self, method: str, path: str, body: Any, ctype: str,
                query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         with self._lock:
-            self.requests.append((method, path))
             self.bodies.append((method, path, body))
             for i, (m, rx, code, msg) in enumerate(self._errors):
                 if m == method and rx.search(path):
                     del self._errors[i]
                     return self._status(code, "Injected", msg)
+            workload = self.workload.route(method, path, body, query or {})
+            if workload is not None:
+                return workload
             pods = _pod_routes(self, method, path, body, ctype, query or {})
             if pods is not None:
                 return pods
