@@ -252,7 +252,15 @@ class FakeApiServer:
         return self._status(404, "NotFound", f"the server could not find the requested resource {path}")
 
     def _lease(self, method: str, ns: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
-        """Leases: create (409 if it exists), get, replace guarded by metadata.resourceVersion (409 if stale)."""
+        """Leases: create (409 if it exists), get, replace guarded by metadata.resourceVersion (409 if stale).
+
+        ``acquireTime`` and ``renewTime`` are MicroTime: the API server parses them as RFC 3339 with exactly
+        six fractional digits and answers 400 to anything else."""
+        for field in ("acquireTime", "renewTime"):
+            value = ((body or {}).get("spec") or {}).get(field)
+            if value is not None and not _MICRO_TIME.fullmatch(value):
+                return self._status(400, "BadRequest", f'parsing time "{value}" as "2006-01-02T15:04:05.000000Z07:00"'
+                                    f': cannot parse as ".000000" (spec.{field})')
         if method == "POST" and name is None:
             name = body["metadata"]["name"]
             if (ns, name) in self.leases:
@@ -305,6 +313,9 @@ class FakeApiServer:
                     node["metadata"][key] = {k: v for k, v in merged.items() if v is not None}
         node["metadata"]["resourceVersion"] = str(next(self._rv))
         return 200, copy.deepcopy(node)
+
+
+_MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
 
 
 def _now() -> str:
