@@ -104,6 +104,10 @@ def _hf_checkpoint(root: Path, step: int) -> None:
 
 
 def test_drain_waits_on_a_disruption_budget_and_never_deletes_what_it_guards(world: World) -> None:
+    _drain_scenario(world)
+
+
+def _drain_scenario(world: World) -> None:
     world.gang("llama", ["gpu-1", "gpu-1", "gpu-2"], None, {"app": "llama"})
     world.api.add_object("policy", "v1", "poddisruptionbudgets", NS, {
         "metadata": {"name": "llama"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "llama"}}}})
@@ -123,6 +127,10 @@ def test_drain_waits_on_a_disruption_budget_and_never_deletes_what_it_guards(wor
 @pytest.mark.parametrize("kind", ["PyTorchJob", "JobSet", "VolcanoJob", "Job"])
 def test_checkpoint_is_published_and_the_gang_restarts_through_its_owner(world: World, kind: str,
                                                                           tmp_path: Path) -> None:
+    _owner_scenario(world, kind, tmp_path)
+
+
+def _owner_scenario(world: World, kind: str, tmp_path: Path) -> None:
     _hf_checkpoint(tmp_path, 400)
     annotations = {"annotations": {"kmend.io/checkpoint-path": str(tmp_path)}}
     labels: dict[str, str] = {}
@@ -158,6 +166,10 @@ def test_checkpoint_is_published_and_the_gang_restarts_through_its_owner(world: 
 
 
 def test_plain_pods_are_recreated_from_their_recorded_spec(world: World, tmp_path: Path) -> None:
+    _plain_pods_scenario(world, tmp_path)
+
+
+def _plain_pods_scenario(world: World, tmp_path: Path) -> None:
     world.gang("solo", ["gpu-0", "gpu-1"], None, {"kmend.io/pod-group": "solo"})
     _hf_checkpoint(tmp_path, 90)
     list(_until_done(world.run(StepKind.CHECKPOINT, checkpoint, job="solo", namespace=NS,
@@ -179,6 +191,10 @@ def test_plain_pods_are_recreated_from_their_recorded_spec(world: World, tmp_pat
 
 
 def test_validation_runs_the_health_check_job_on_the_node(world: World) -> None:
+    _validation_scenario(world)
+
+
+def _validation_scenario(world: World) -> None:
     rounds = world.run(StepKind.VALIDATE, validate, "gpu-1", image="dcgm:4")
     assert next(rounds).state is StepState.WAITING
     [(key, job)] = [(k, j) for k, j in world.api.workload.objects[("batch", "v1", "jobs")].items()
@@ -222,16 +238,16 @@ def test_cluster_role_grants_exactly_the_verbs_the_adapters_use(world: World, tm
     # The opt-out check reads the job's namespace; the healing steps do the rest.
     world.api.add_pod(NS, "probe", node="gpu-0", phase="Running")
     world.ctx.workloads.get_object(ObjectKey("v1", "Namespace", "", NS))
-    test_drain_waits_on_a_disruption_budget_and_never_deletes_what_it_guards(world)
+    _drain_scenario(world)
     for kind in ("PyTorchJob", "JobSet", "VolcanoJob", "Job"):
         for (ns, name) in [k for k in world.api.pods if k[1].startswith("llama")]:
             world.api.pods.pop((ns, name))
         for resource, store in world.api.workload.objects.items():
             if resource[2] != "configmaps":  # kept: the second publication updates the resume ConfigMap
                 store.clear()
-        test_checkpoint_is_published_and_the_gang_restarts_through_its_owner(world, kind, tmp_path / kind)
-    test_plain_pods_are_recreated_from_their_recorded_spec(world, tmp_path / "plain")
-    test_validation_runs_the_health_check_job_on_the_node(world)
+        _owner_scenario(world, kind, tmp_path / kind)
+    _plain_pods_scenario(world, tmp_path / "plain")
+    _validation_scenario(world)
     # The gang scheduler: snapshot, bind, release, PodGroup status and events.
     sched = KubePodScheduling(apis, clock=world.clock)
     pod = pod_record(world.api.add_pod(NS, "gang-0", scheduler="kmend"))
