@@ -21,7 +21,7 @@ from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.cluster import Cluster
 from healer.gang.scheduler import GangScheduler
-from healer.keys import FAULT_TAINT_KEY
+from healer.keys import FAULT_TAINT_KEY, SPARE_LABEL
 from healer.lease import AlwaysLeader
 from healer.notify import Notifier
 from healer.policy import PolicyConfig
@@ -243,7 +243,7 @@ class Kmend:
     # -- views -------------------------------------------------------------------------
 
     def node_health(self) -> dict[str, dict[str, Any]]:
-        """Per-node health: healthy, suspect (open incident) or quarantined (kmend taint)."""
+        """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined."""
         with self._lock:
             active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
         by_node: dict[str, list[Incident]] = {}
@@ -255,7 +255,8 @@ class Kmend:
         for n in self.cluster.list_nodes():
             fault = next((t.value for t in n.taints if t.key == FAULT_TAINT_KEY), None)
             incs = by_node.get(n.name, [])
-            state = "quarantined" if fault else ("suspect" if incs else "healthy")
+            spare = n.labels.get(SPARE_LABEL) == "true"
+            state = "quarantined" if fault else ("suspect" if incs else ("spare" if spare else "healthy"))
             quarantined += fault is not None
             out[n.name] = {
                 "state": state, "cordoned": n.unschedulable, "fault": fault,

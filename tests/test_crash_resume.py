@@ -24,7 +24,7 @@ from sim.world import read_actions
 from tests.builders import XID79, container, kernel
 from tests.conftest import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 BAD = "gpu-node-01"
 
@@ -91,15 +91,21 @@ def test_plan_completes_with_each_change_applied_once_across_kill_9(tmp_path: Pa
         httpx.post(f"{url}/v1/signals", json={"signals": [to_wire(s) for s in signals]}, timeout=10)
     kills = 0
     final: dict[str, Any] | None = None
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline:
+    # Each restart costs a few seconds, more on a loaded machine: give up only when nothing moves for a minute.
+    stalled_after, cap = 120.0, time.monotonic() + 840
+    last_progress, last_seen = time.monotonic(), ""
+    while time.monotonic() - last_progress < stalled_after and time.monotonic() < cap:
         if proc.poll() is not None:
+            last_progress = time.monotonic()
             assert proc.returncode == -9, (tmp_path / f"serve-{svc.starts - 1}.log").read_text()[-2000:]
             kills += 1
             # Alternate: killed after a change landed (never journaled), or before it reached the "API server".
             proc, url = svc.start(**({"after": 1} if kills % 2 == 0 else {"before": 2}))
         plan = _plan(url)
         if plan is not None:
+            seen = json.dumps([plan["state"], [s["state"] for s in plan["steps"]]])
+            if seen != last_seen:
+                last_seen, last_progress = seen, time.monotonic()
             for s in plan["steps"]:
                 if s["kind"] == "repair" and s["state"] == "waiting":
                     req = s["outputs"].get("request")

@@ -26,9 +26,19 @@ def test_demo_detects_and_heals_the_injected_xid79() -> None:
     assert inc["fault_class"] == "gpu_lost" and inc["root_cause"]["node"] == "gpu-node-05"
     # The stall the lost GPU caused is seen by the hang detector and folds into the same incident.
     assert inc["findings_by_rule"] == {"xid-79": 1, "nccl-watchdog-timeout": 64, "hang-detector": 1}
-    kinds = {(a["kind"], a["node"], a["result"]) for a in summary["actions"]}
-    assert {("cordon", "gpu-node-05", "succeeded"), ("taint", "gpu-node-05", "succeeded")} <= kinds
-    assert summary["nodes"]["by_state"] == {"healthy": 15, "quarantined": 1}
+    # The whole replace-node runbook ran, each step once, in order.
+    steps = [(a["kind"], a["result"]) for a in summary["actions"]]
+    assert steps == [(k, "succeeded") for k in ("cordon", "taint", "label", "condition", "event", "drain",
+                                                "spare_swap", "checkpoint", "restart_job", "repair", "validate",
+                                                "return")]
+    assert {a["node"] for a in summary["actions"]} == {"gpu-node-05"}
+    # The job runs again on eight healthy nodes, one of them a spare, from the last complete checkpoint.
+    job = summary["job"]
+    assert len(job["nodes"]) == 8 and not job["on_failed_node"] and job["spare"] in ("gpu-node-14", "gpu-node-15")
+    assert job["resume_from"].endswith("checkpoint-20")  # checkpoint-40 was cut short while writing
+    # The repaired node came back as a spare, the used spare now works for the job.
+    assert summary["nodes"]["by_state"] == {"healthy": 14, "spare": 2}
+    assert summary["nodes"]["unhealthy"]["gpu-node-05"]["state"] == "spare"
 
 
 def test_import_layers_hold() -> None:
