@@ -16,8 +16,20 @@ from healer.kube import translate
 from healer.lease import LeaseConflict, LeaseRecord
 
 
+class MicroTime(dt.datetime):
+    """A datetime the client writes with six fractional digits, even when they are all zero.
+
+    ``acquireTime``/``renewTime`` are MicroTime, which the API server parses as
+    ``2006-01-02T15:04:05.000000Z07:00`` only; the client's ``isoformat()`` drops a zero fraction, so a
+    renewal on a whole second would be refused with 400.
+    """
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return super().isoformat(sep, "microseconds")
+
+
 def _time(ts: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ts, dt.UTC)
+    return MicroTime.fromtimestamp(ts, dt.UTC)
 
 
 class KubeLeases:

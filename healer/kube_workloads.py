@@ -29,6 +29,18 @@ def _plural(kind: str) -> str:
     return _PLURALS.get(kind, kind.lower() + "s")
 
 
+def _quantities_as_text(obj: Any) -> Any:
+    """Resource quantities as strings: the API takes ``8`` or ``"8"``, but the client's models refuse a number
+    in ``limits``/``requests`` before anything is sent (manifests from templates and policies write numbers)."""
+    if isinstance(obj, list):
+        return [_quantities_as_text(x) for x in obj]
+    if not isinstance(obj, dict):
+        return obj
+    return {k: ({q: str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for q, v in v.items()}
+                if k in ("limits", "requests", "overhead") and isinstance(v, dict) else _quantities_as_text(v))
+            for k, v in obj.items()}
+
+
 def _split(api_version: str) -> tuple[str, str]:
     group, _, version = api_version.rpartition("/")
     return group, version
@@ -61,7 +73,8 @@ class KubeWorkloads:
         return [p for p in out if p.phase not in ("Succeeded", "Failed")]
 
     def evict_pod(self, namespace: str, name: str, grace_s: int) -> None:
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+        body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
+                                 metadata=client.V1ObjectMeta(name=name, namespace=namespace),
                                  delete_options=client.V1DeleteOptions(grace_period_seconds=grace_s))
         self._gone_ok(self.core.create_namespaced_pod_eviction, name, namespace, body, _request_timeout=self.timeout)
 
@@ -72,7 +85,8 @@ class KubeWorkloads:
         self._gone_ok(self.core.delete_namespaced_pod, name, namespace, **kw)
 
     def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> None:
-        create_once(self.core.create_namespaced_pod, namespace, dict(manifest), _request_timeout=self.timeout)
+        create_once(self.core.create_namespaced_pod, namespace, _quantities_as_text(dict(manifest)),
+                    _request_timeout=self.timeout)
 
     # -- any object -----------------------------------------------------------------------------
 
@@ -85,7 +99,7 @@ class KubeWorkloads:
         return out
 
     def create_object(self, key: ObjectKey, manifest: Mapping[str, Any]) -> None:
-        body = {**manifest, "apiVersion": key.api_version, "kind": key.kind}
+        body = _quantities_as_text({**manifest, "apiVersion": key.api_version, "kind": key.kind})
         t = self.timeout
         if key.kind == "ConfigMap" and key.api_version == "v1":
             create_once(self.core.create_namespaced_config_map, key.namespace, body, _request_timeout=t)

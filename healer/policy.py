@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from analyzer.records import Incident
 from healer.keys import CONDITION_TYPE, FAULT_TAINT_KEY, MANAGED_LABEL
-from healer.policy_file import PlanTemplate, PolicyFile, StepName
+from healer.policy_file import DrainScope, PlanTemplate, PolicyFile, StepName
 from healer.records import ActionStep, Mode, Plan, StepKind
 from healer.steps.node import rfc3339
 
@@ -87,9 +87,13 @@ def _steps(pid: str, template: PlanTemplate, incident: Incident, policy: PolicyF
         if name is StepName.QUARANTINE:
             out += quarantine_steps(pid, i, node, incident.fault_class.value, message, "kmend", ctx.now)
         elif name is StepName.DRAIN:
-            out.append(ActionStep(sid, StepKind.DRAIN, node, {"job": job, "namespace": ns,
-                                                              "grace_s": str(d.drain_grace_s),
-                                                              "timeout_s": str(d.drain_timeout_s)}))
+            params = {"job": job, "namespace": ns, "grace_s": str(d.drain_grace_s),
+                      "timeout_s": str(d.drain_timeout_s)}
+            rc = incident.root_cause
+            if template.drain is DrainScope.GPU and (rc.gpu or rc.pci):
+                params.update(scope="gpu", gpu=rc.gpu or "", pci=rc.pci or "",
+                              gpu_annotations=",".join(d.gpu_assignment_annotations))
+            out.append(ActionStep(sid, StepKind.DRAIN, node, params))
         elif name is StepName.SPARE_SWAP:
             out.append(ActionStep(sid, StepKind.SPARE_SWAP, node, {"job": job, "namespace": ns}))
         elif name is StepName.CHECKPOINT:

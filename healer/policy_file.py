@@ -43,6 +43,16 @@ class RepairKind(StrEnum):
     REPLACE = "replace"
 
 
+class DrainScope(StrEnum):
+    """Whose pods a drain evicts from the quarantined node."""
+
+    NODE = "node"
+    """The affected job's pods (every pod but DaemonSets' when no job is known)."""
+    GPU = "gpu"
+    """When the incident names one GPU: only the pods holding it (or whose GPUs are unknown); pods on the
+    node's healthy GPUs keep running while the node stays cordoned."""
+
+
 class Escalation(StrEnum):
     """Restart levels, least to most disruptive (Volcano's policies)."""
 
@@ -101,6 +111,8 @@ class PlanTemplate:
     """Steps in order."""
     repair: RepairKind = RepairKind.REPLACE
     """What the repair step asks for."""
+    drain: DrainScope = DrainScope.NODE
+    """Whose pods the drain step evicts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +153,8 @@ class Defaults:
     """How long repair and validation may take before the plan fails."""
     health_check_image: str = DEFAULT_HEALTH_CHECK_IMAGE
     """Image of the validation Job (runs ``dcgmi diag -r 2``)."""
+    gpu_assignment_annotations: tuple[str, ...] = ("kmend.io/gpus", "volcano.sh/gpu-index")
+    """Pod annotations naming the GPUs a pod holds (index, UUID or PCI id, comma-separated), for a GPU drain."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +226,7 @@ class _RuleModel(_Strict):
 class _PlanModel(_Strict):
     steps: list[StepName] = Field(min_length=1)
     repair: RepairKind = RepairKind.REPLACE
+    drain: DrainScope = DrainScope.NODE
 
     @field_validator("steps")
     @classmethod
@@ -242,6 +257,8 @@ class _DefaultsModel(_Strict):
     gpu_reset_when_idle: bool = True
     validation_timeout_s: float = Field(1800.0, gt=0)
     health_check_image: str = DEFAULT_HEALTH_CHECK_IMAGE
+    gpu_assignment_annotations: list[str] = Field(
+        default_factory=lambda: ["kmend.io/gpus", "volcano.sh/gpu-index"])
 
 
 class _PolicyModel(_Strict):
@@ -281,11 +298,11 @@ def parse_policy(data: Any, source: str) -> PolicyFile:
     return PolicyFile(
         source=source,
         rules=tuple(_rule(r) for r in m.rules),
-        plans={n: PlanTemplate(n, tuple(p.steps), p.repair) for n, p in m.plans.items()},
+        plans={n: PlanTemplate(n, tuple(p.steps), p.repair, p.drain) for n, p in m.plans.items()},
         safety=Safety(**m.safety.model_dump()),
         defaults=Defaults(d.drain_grace_s, d.drain_timeout_s, d.checkpoint_path, d.max_retry, tuple(d.escalation),
                           d.restart_timeout_s, d.gpu_reset_when_idle, d.validation_timeout_s,
-                          d.health_check_image),
+                          d.health_check_image, tuple(d.gpu_assignment_annotations)),
         topology_keys=tuple(m.topology_keys),
         fallback=_rule(m.fallback),
     )

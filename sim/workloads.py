@@ -227,8 +227,10 @@ class SimWorkloads:
                 gpus += int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
             tol = tuple((str(t.get("key", "*") if t.get("operator") != "Exists" or t.get("key") else "*"),
                          str(t.get("effect", ""))) for t in spec.get("tolerations", []))
+            owners = tuple(OwnerRef(o["apiVersion"], o["kind"], o["name"], bool(o.get("controller")))
+                           for o in meta.get("ownerReferences", []))
             info = PodInfo(namespace, name, f"uid-{next(self._uids)}", str(spec.get("nodeName", "")),
-                           dict(meta.get("labels", {})), dict(meta.get("annotations", {})), (), False,
+                           dict(meta.get("labels", {})), dict(meta.get("annotations", {})), owners, False,
                            "Pending", self.clock(), dict(manifest))
             self._pods[(namespace, name)] = _Pod(info, gpus, tol, dict(spec.get("nodeSelector", {})))
             self._changed("create_pod", f"{namespace}/{name}")
@@ -246,6 +248,10 @@ class SimWorkloads:
                 return
             if not key.name:
                 raise PermanentError(f"422 Unprocessable Entity: {key.kind}.metadata.name: Required value")
+            target = manifest.get("target") or {}
+            if key.kind == "Command" and not all(target.get(f) for f in ("apiVersion", "kind", "name", "uid")):
+                # Volcano's CRD schema: the target is a whole OwnerReference.
+                raise PermanentError(f"422 Unprocessable Entity: {key.kind} {key.name}: target.uid: Required value")
             self._objects[key] = _with_meta(key, dict(manifest), f"uid-{next(self._uids)}")
             self._changed("create_object", str(key))
             self._run_controllers(key)

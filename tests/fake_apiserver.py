@@ -9,7 +9,10 @@ pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
 the UID precondition fails), deleted by setting ``deletionTimestamp`` while
 bound; pod lists carry the current ``resourceVersion`` and ``watch=true`` streams
 pod changes from it (``tests/fake_watch.py``); PodGroup custom objects once their
-CRD is installed. Errors can be queued per method and path to test retries.
+CRD is installed. Errors can be queued per method and path to test retries. What
+the Workloads port uses (pod create/patch/eviction, ConfigMaps, Jobs, budgets,
+other custom objects) is in ``tests/fake_apiserver_objects.py``. Every request is
+recorded (``requests``) so tests can derive the RBAC verbs a component needs.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
 from tests.fake_watch import PodWatchLog
 
 
@@ -46,6 +50,7 @@ class FakeApiServer:
         self.watch = PodWatchLog(self._lock)
         """Pod watch history and stream controls (``end_streams``, ``expire``)."""
         self._rv = self._versions()
+        self.workload = ObjectRoutes(self.pods, lambda: str(next(self._rv)), _now, self.watch.record)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -65,7 +70,10 @@ class FakeApiServer:
                 body = json.loads(self.rfile.read(n) or b"null")
                 path, _, qs = self.path.partition("?")
                 query = {k: v[-1] for k, v in parse_qs(qs, keep_blank_values=True).items()}
-                if method == "GET" and path == "/api/v1/pods" and query.get("watch") in ("true", "1"):
+                watching = method == "GET" and query.get("watch") in ("true", "1")
+                # Only what clients send, not the test controls; a watch is its own verb for RBAC.
+                server.requests.append(("WATCH" if watching else method, path))
+                if watching and path == "/api/v1/pods":
                     server.watch.serve(self, query)
                     return
                 code, out = server.handle(method, path, body, self.headers.get("Content-Type", ""), query)
@@ -115,21 +123,23 @@ class FakeApiServer:
         self._errors.append((method, re.compile(path_regex), status, message))
 
     def add_pod(self, namespace: str, name: str, *, scheduler: str = "default-scheduler", node: str = "",
-                requests: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        """Create a pod directly (as a controller would) and return the stored object."""
+                requests: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                phase: str = "Pending", owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Create a pod directly (as a controller would; a kubelet sets ``phase``) and return the stored object."""
         with self._lock:
             pod = {"kind": "Pod", "apiVersion": "v1",
                    "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
                                 "labels": labels or {}, "resourceVersion": str(next(self._rv)),
-                                "creationTimestamp": _now()},
+                                "creationTimestamp": _now(), "ownerReferences": owners or []},
                    "spec": {"schedulerName": scheduler,
                             "containers": [{"name": "c", "image": "busybox",
                                             "resources": {"requests": requests or {}}}]},
-                   "status": {"phase": "Pending"}}
+                   "status": {"phase": phase}}
             if node:
                 pod["spec"]["nodeName"] = node
             self.pods[(namespace, name)] = pod
             self.watch.record("ADDED", pod)
+            self.workload.namespaces.setdefault(namespace, {})
             return copy.deepcopy(pod)
 
     def set_phase(self, namespace: str, name: str, phase: str) -> None:
@@ -138,6 +148,34 @@ class FakeApiServer:
             pod = self.pods[(namespace, name)]
             pod["status"]["phase"] = phase
             self.pod_changed("MODIFIED", pod)
+
+    def install_kind(self, group: str, version: str, plural: str, kind: str) -> None:
+        """Serve a custom resource's CRD (PyTorchJob, JobSet, Volcano Job and Command)."""
+        with self._lock:
+            self.workload.install(group, version, plural, kind)
+
+    def add_object(self, group: str, version: str, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create an object of an installed or built-in kind directly and return the stored object."""
+        path = (f"/apis/{group}/{version}" if group else f"/api/{version}") + f"/namespaces/{namespace}/{plural}"
+        with self._lock:
+            code, out = self.workload.route("POST", path, body, {}) or (404, {})
+        assert code == 201, out
+        return out
+
+    def object(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object, or None."""
+        with self._lock:
+            return copy.deepcopy(self.workload.objects[(group, version, plural)].get((namespace, name)))
+
+    def set_status(self, group: str, version: str, plural: str, namespace: str, name: str,
+                   status: dict[str, Any]) -> None:
+        """A controller writes an object's status (a Job's ``succeeded``)."""
+        with self._lock:
+            self.workload.objects[(group, version, plural)][(namespace, name)]["status"] = status
+
+    def verbs(self) -> set[tuple[str, str, str]]:
+        """(API group, resource, verb) of every request served so far, for checking RBAC rules."""
+        return {v for method, path in self.requests if (v := rbac_verb(method, path)) is not None}
 
     def finish_termination(self, namespace: str, name: str) -> None:
         """The kubelet finished a terminating pod: the object goes."""
@@ -175,12 +213,14 @@ class FakeApiServer:
     def handle(self, method: str, path: str, body: Any, ctype: str,
                query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         with self._lock:
-            self.requests.append((method, path))
             self.bodies.append((method, path, body))
             for i, (m, rx, code, msg) in enumerate(self._errors):
                 if m == method and rx.search(path):
                     del self._errors[i]
                     return self._status(code, "Injected", msg)
+            workload = self.workload.route(method, path, body, query or {})
+            if workload is not None:
+                return workload
             pods = _pod_routes(self, method, path, body, ctype, query or {})
             if pods is not None:
                 return pods
@@ -236,7 +276,15 @@ class FakeApiServer:
         return self._status(404, "NotFound", f"the server could not find the requested resource {path}")
 
     def _lease(self, method: str, ns: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
-        """Leases: create (409 if it exists), get, replace guarded by metadata.resourceVersion (409 if stale)."""
+        """Leases: create (409 if it exists), get, replace guarded by metadata.resourceVersion (409 if stale).
+
+        ``acquireTime`` and ``renewTime`` are MicroTime: the API server parses them as RFC 3339 with exactly
+        six fractional digits and answers 400 to anything else."""
+        for field in ("acquireTime", "renewTime"):
+            value = ((body or {}).get("spec") or {}).get(field)
+            if value is not None and not _MICRO_TIME.fullmatch(value):
+                return self._status(400, "BadRequest", f'parsing time "{value}" as "2006-01-02T15:04:05.000000Z07:00"'
+                                    f': cannot parse as ".000000" (spec.{field})')
         if method == "POST" and name is None:
             name = body["metadata"]["name"]
             if (ns, name) in self.leases:
@@ -289,6 +337,9 @@ class FakeApiServer:
                     node["metadata"][key] = {k: v for k, v in merged.items() if v is not None}
         node["metadata"]["resourceVersion"] = str(next(self._rv))
         return 200, copy.deepcopy(node)
+
+
+_MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
 
 
 def _now() -> str:

@@ -1,9 +1,13 @@
-"""Leader election on Leases (SimLeases and KubeLeases through the real client on a loopback API server):
-create, renew with the last resourceVersion, 409 = leadership lost; the executor acts only while leading."""
+"""Leader election on Leases (SimLeases, KubeLeases through the real client on the loopback fake API server, and
+on KMEND_TEST_KUBECONFIG's cluster when set): create, renew with the last resourceVersion, 409 = leadership
+lost, times written as MicroTime; the executor acts only while leading."""
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,7 @@ from kubernetes import client
 
 from analyzer.rules import Rule
 from healer.kube_lease import KubeLeases
-from healer.lease import LeaderElector, Leases
+from healer.lease import LeaderElector, LeaseRecord, Leases
 from healer.records import PlanState, StepState
 from sim.lease import SimLeases
 from tests.builders import XID79, kernel
@@ -19,13 +23,62 @@ from tests.fake_apiserver import FakeApiServer
 from tests.healing import Clock, Harness, incident
 
 
-@pytest.fixture(params=["sim", "kube-loopback"])
+@pytest.fixture(params=["sim", "kube-fake", "kube"])
 def leases(request: pytest.FixtureRequest) -> Iterator[Leases]:
     if request.param == "sim":
         yield SimLeases()
         return
+    if request.param == "kube":
+        yield from _real_cluster()
+        return
     with FakeApiServer() as api:
         yield KubeLeases(client.ApiClient(client.Configuration(host=api.url)))
+
+
+def _real_cluster() -> Iterator[Leases]:
+    """KubeLeases on KMEND_TEST_KUBECONFIG's cluster, in a namespace of its own that is deleted afterwards."""
+    path = os.environ.get("KMEND_TEST_KUBECONFIG")
+    if not path:
+        pytest.skip("KMEND_TEST_KUBECONFIG is not set: no real cluster to run the contract on")
+    from kubernetes import config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    api = client.ApiClient(cfg)
+    core = client.CoreV1Api(api)
+    made = []
+    try:
+        yield _NamespacedLeases(KubeLeases(api), core, made)
+    finally:
+        for ns in made:
+            core.delete_namespace(ns)
+
+
+class _NamespacedLeases:
+    """Maps each namespace the tests name to a fresh one on the real cluster (created on first use)."""
+
+    def __init__(self, inner: KubeLeases, core: client.CoreV1Api, made: list[str]) -> None:
+        self.inner, self.core, self.made = inner, core, made
+        self.names: dict[str, str] = {}
+
+    def _ns(self, namespace: str) -> str:
+        if namespace not in self.names:
+            self.names[namespace] = f"kmend-lease-{uuid.uuid4().hex[:6]}"
+            self.core.create_namespace({"metadata": {"name": self.names[namespace]}})
+            self.made.append(self.names[namespace])
+        return self.names[namespace]
+
+    def get(self, namespace: str, name: str) -> LeaseRecord | None:
+        got = self.inner.get(self._ns(namespace), name)
+        return None if got is None else replace(got, namespace=namespace)
+
+    def create(self, lease: LeaseRecord) -> LeaseRecord:
+        return replace(self.inner.create(replace(lease, namespace=self._ns(lease.namespace))),
+                       namespace=lease.namespace)
+
+    def update(self, lease: LeaseRecord) -> LeaseRecord:
+        return replace(self.inner.update(replace(lease, namespace=self._ns(lease.namespace))),
+                       namespace=lease.namespace)
 
 
 def test_one_leader_renewal_and_takeover_after_expiry(leases: Leases) -> None:

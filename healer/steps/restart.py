@@ -21,6 +21,8 @@ from healer.workloads import ObjectKey, PodInfo
 
 VOLCANO_COMMAND_API = "bus.volcano.sh/v1alpha1"
 """API version of Volcano's Command (what ``vcctl job`` creates)."""
+VOLCANO_JOB_API = "batch.volcano.sh/v1alpha1"
+"""API version of Volcano's Job."""
 
 
 def restart_job(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
@@ -113,11 +115,17 @@ def _kick(method: RestartMethod, out: dict[str, str], old_live: Sequence[PodInfo
             ctx.workloads.delete_object(key)
     elif method is RestartMethod.VOLCANO_COMMAND:
         kind, ns, name = out["owner"].split("/", 2)
+        job = ctx.workloads.get_object(ObjectKey(VOLCANO_JOB_API, kind, ns, name))
+        if job is None:
+            return  # the Job was deleted: its pods go with it and nothing restarts them
         cmd = "kmend-restart-" + hashlib.sha256(step.id.encode()).hexdigest()[:10]
+        # Volcano's Command schema makes the target a full OwnerReference: the API server refuses one
+        # without the Job's uid (422), and the controller restarts only the Job with that uid.
         ctx.workloads.create_object(ObjectKey(VOLCANO_COMMAND_API, "Command", ns, cmd), {
             "metadata": {"name": cmd, "namespace": ns},
             "action": "RestartJob", "reason": f"kmend {step.id}",
-            "target": {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": kind, "name": name},
+            "target": {"apiVersion": VOLCANO_JOB_API, "kind": kind, "name": name,
+                       "uid": job.get("metadata", {}).get("uid", "")},
         })
 
 
