@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from analyzer.rules import RuleError
+from analyzer.rules import RuleError, load_packs
 
 
 class ProgressKind(StrEnum):
@@ -193,17 +193,7 @@ def load_progress_pack(path: Path) -> list[ProgressRule]:
 
 def load_progress_rules(paths: Iterable[Path]) -> list[ProgressRule]:
     """Load progress packs from files or directories; ids must be unique. Sorted by priority, then load order."""
-    files: list[Path] = []
-    for p in paths:
-        files.extend(sorted(p.glob("*.yaml")) if p.is_dir() else [p])
-    seen: dict[str, str] = {}
-    rules: list[ProgressRule] = []
-    for f in files:
-        for rule in load_progress_pack(f):
-            if rule.id in seen:
-                raise RuleError(str(f), rule.id, "id", f"duplicate of a rule in {seen[rule.id]}")
-            seen[rule.id] = str(f)
-            rules.append(rule)
+    rules, _ = load_packs(paths, load_progress_pack)
     return sorted(rules, key=lambda r: r.priority)
 
 

@@ -7,10 +7,10 @@ habit): the service refuses to start rather than silently missing a fault.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -293,19 +293,37 @@ def load_pack(path: Path) -> list[Rule]:
     return rules
 
 
-def load_rules(paths: Iterable[Path]) -> list[Rule]:
-    """Load packs from files or directories (``*.yaml``); rule ids must be unique."""
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+IdentifiedT = TypeVar("IdentifiedT", bound=_Identified)
+
+
+def load_packs(paths: Iterable[Path],
+               load_one: Callable[[Path], list[IdentifiedT]]) -> tuple[list[IdentifiedT], dict[str, str]]:
+    """Every pack in files or directories (``*.yaml``, sorted), ids unique across them.
+
+    Returns the rules in load order and, for each id, the file it came from.
+    """
     files: list[Path] = []
     for p in paths:
         files.extend(sorted(p.glob("*.yaml")) if p.is_dir() else [p])
     seen: dict[str, str] = {}
-    rules: list[Rule] = []
+    rules: list[IdentifiedT] = []
     for f in files:
-        for rule in load_pack(f):
+        for rule in load_one(f):
             if rule.id in seen:
                 raise RuleError(str(f), rule.id, "id", f"duplicate of a rule in {seen[rule.id]}")
             seen[rule.id] = str(f)
             rules.append(rule)
+    return rules, seen
+
+
+def load_rules(paths: Iterable[Path]) -> list[Rule]:
+    """Load packs from files or directories (``*.yaml``); rule ids must be unique."""
+    rules, seen = load_packs(paths, load_pack)
     for rule in rules:
         for other in rule.escalation.together_with if rule.escalation else ():
             if other not in seen:
