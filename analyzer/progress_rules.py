@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from analyzer.rules import RuleError, load_packs
+from analyzer.rules import RuleError, check_urls, compile_linear, load_packs
 
 
 class ProgressKind(StrEnum):
@@ -34,7 +34,6 @@ class ProgressKind(StrEnum):
 GROUPS = frozenset({"step", "total", "step_time_ms", "step_time_s", "s_per_it", "it_per_s", "rank", "epoch", "tps"})
 """Named groups a progress pattern may use; anything else is refused at load."""
 
-_BACKTRACKING = re.compile(r"\\[1-9]|\(\?[=!<]|\(\?P=|\(\?>|[*+?}]\+")
 
 
 class ExampleSpec(BaseModel):
@@ -65,10 +64,7 @@ class ProgressRuleSpec(BaseModel):
     @field_validator("references")
     @classmethod
     def _urls(cls, refs: tuple[str, ...]) -> tuple[str, ...]:
-        for ref in refs:
-            if not ref.startswith(("https://", "http://")):
-                raise ValueError(f"reference {ref!r} is not a URL")
-        return refs
+        return check_urls(refs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +130,7 @@ def _step_time(g: dict[str, str | None]) -> float | None:
 
 
 def _compile(path: str, spec: ProgressRuleSpec) -> re.Pattern[str]:
-    if _BACKTRACKING.search(spec.pattern):
-        raise RuleError(path, spec.id, "pattern", "uses backreferences, lookaround or possessive/atomic groups")
-    try:
-        regex = re.compile(spec.pattern)
-    except re.error as exc:
-        raise RuleError(path, spec.id, "pattern", f"does not compile: {exc}") from exc
+    regex = compile_linear(path, spec.id, spec.pattern)
     unknown = set(regex.groupindex) - GROUPS
     if unknown:
         raise RuleError(path, spec.id, "pattern", f"unknown named groups {sorted(unknown)}; allowed: {sorted(GROUPS)}")

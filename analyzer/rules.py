@@ -129,10 +129,7 @@ class RuleSpec(BaseModel):
     @field_validator("references")
     @classmethod
     def _urls(cls, refs: tuple[str, ...]) -> tuple[str, ...]:
-        for ref in refs:
-            if not ref.startswith(("https://", "http://")):
-                raise ValueError(f"reference {ref!r} is not a URL")
-        return refs
+        return check_urls(refs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,14 +204,27 @@ def _linear_check(pattern: str) -> str | None:
     return None
 
 
-def _compile(path: str, spec: RuleSpec) -> re.Pattern[str]:
-    why = _linear_check(spec.pattern)
+def compile_linear(path: str, rule_id: str, pattern: str) -> re.Pattern[str]:
+    """Compile a rule's pattern, refusing what needs backtracking; errors name file, rule and field."""
+    why = _linear_check(pattern)
     if why:
-        raise RuleError(path, spec.id, "pattern", why)
+        raise RuleError(path, rule_id, "pattern", why)
     try:
-        regex = re.compile(spec.pattern)
+        return re.compile(pattern)
     except re.error as exc:
-        raise RuleError(path, spec.id, "pattern", f"does not compile: {exc}") from exc
+        raise RuleError(path, rule_id, "pattern", f"does not compile: {exc}") from exc
+
+
+def check_urls(refs: tuple[str, ...]) -> tuple[str, ...]:
+    """Every reference must be a URL (where the example lines came from)."""
+    for ref in refs:
+        if not ref.startswith(("https://", "http://")):
+            raise ValueError(f"reference {ref!r} is not a URL")
+    return refs
+
+
+def _compile(path: str, spec: RuleSpec) -> re.Pattern[str]:
+    regex = compile_linear(path, spec.id, spec.pattern)
     if regex.search(""):
         raise RuleError(path, spec.id, "pattern", "matches the empty string, so it would match every line")
     return regex
