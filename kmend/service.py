@@ -77,6 +77,7 @@ class Kmend:
         hang: HangConfig | None = None,
         straggler: StragglerConfig | None = None,
         flight_recorder_settle_s: float = 10.0,
+        checkpoint_roots: Sequence[str] | None = None,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -95,7 +96,8 @@ class Kmend:
         self._next_evaluation = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
-                          reservations=scheduler.reservations if scheduler else None)
+                          reservations=scheduler.reservations if scheduler else None,
+                          checkpoint_roots=None if checkpoint_roots is None else tuple(checkpoint_roots))
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
                                symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
         self._lock = threading.RLock()

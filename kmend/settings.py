@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
     operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")
     health_check_template: Path | None = Field(None, description="validation Job template (deploy/healthcheck/)")
+    checkpoint_roots: list[str] | None = Field(
+        None, description="local paths the control plane mounts and may search for checkpoints (JSON list); "
+                          "other paths are searched by the node agent, s3:// gs:// az:// through fsspec")
     namespace: str = Field("kmend-system", description="namespace of kmend's own objects (health checks, Lease)")
     lease_name: str = "kmend-healer"
     scheduler: bool | None = Field(None, description="run the gang scheduler (default: on a real cluster only)")

@@ -161,6 +161,9 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
                                   persistence=settings.straggler_persistence),
         flight_recorder_settle_s=settings.flight_recorder_settle_s,
+        # On a real cluster the control plane mounts no job volume unless told so; the simulated one is local.
+        checkpoint_roots=settings.checkpoint_roots if settings.checkpoint_roots is not None
+        else (None if isinstance(cluster, SimCluster) else []),
     )
     elector = kmend.healing.leader
     if isinstance(elector, LeaderElector):

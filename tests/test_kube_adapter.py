@@ -38,6 +38,9 @@ class NoRequests:
     def get(self, request_id: str) -> RepairRequest | None:
         return None
 
+    def answer(self, request_id: str, state: str, result: str) -> RepairRequest | None:
+        return None
+
     def restarts_of(self, job: str, *, exclude_plan: str) -> list[float]:
         return []
 
