@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from healer.cluster import (
+    ClusterConfigError,
     ClusterEvent,
     Condition,
     NodeInfo,
@@ -104,11 +105,15 @@ class KubeCluster:
     def from_config(cls, kubeconfig: str | None = None, *, in_cluster: bool = False,
                     **kwargs: Any) -> KubeCluster:
         """Build from a kubeconfig file or the in-cluster service account."""
-        if in_cluster:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient(), **kwargs)
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        try:
+            if in_cluster:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                return cls(client.ApiClient(), **kwargs)
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError, ValueError) as exc:
+            raise ClusterConfigError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) \
+                from None
         return cls(client.ApiClient(cfg), **kwargs)
 
     def list_nodes(self) -> Sequence[NodeInfo]:

@@ -16,11 +16,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from analyzer.rules import default_rules_dir, load_rules
+from analyzer.rules import RuleError, default_rules_dir, load_rules
 from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
 from collector.flight_recorder import DEFAULT_PREFIXES, FlightRecorderSource, HttpDumpUploader
@@ -37,6 +37,7 @@ from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
 from collector.spool import DiskSpool
+from kmend.errors import ConfigError, from_validation
 
 log = logging.getLogger("kmend.agent")
 
@@ -85,7 +86,11 @@ class AgentSettings(BaseSettings):
     def bearer(self) -> str | None:
         """The token, from the file when one is given (re-read at start)."""
         if self.token_file is not None:
-            return self.token_file.read_text().strip()
+            try:
+                return self.token_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"KMEND_AGENT_TOKEN_FILE={str(self.token_file)!r}: cannot read the token: "
+                                  f"{exc.strerror}") from None
         return self.token.get_secret_value() if self.token else None
 
 
@@ -98,8 +103,11 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
     """
     if not settings.prefilter:
         return None
-    rules = load_rules(settings.rules_dirs)
-    progress = load_progress_rules(settings.progress_rules_dirs)
+    try:
+        rules = load_rules(settings.rules_dirs)
+        progress = load_progress_rules(settings.progress_rules_dirs)
+    except RuleError as exc:
+        raise ConfigError(f"KMEND_AGENT_RULES_DIRS / KMEND_AGENT_PROGRESS_RULES_DIRS: {exc}") from None
     return RegexPrefilter([r.pattern for r in rules] + [r.regex.pattern for r in progress]
                           + list(settings.prefilter_extra))
 
@@ -193,7 +201,11 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
     """Environment first, flags override."""
     keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
-    return AgentSettings(**overrides)
+    try:
+        return AgentSettings(**overrides)
+    except ValidationError as exc:
+        raise from_validation(exc, prefix="KMEND_AGENT_",
+                              flags={k: "--" + k.replace("_", "-") for k in overrides}) from None
 
 
 def run(args: argparse.Namespace) -> int:
