@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.rules import RuleError
 from kmend.cli import build_parser
 from kmend.commands.agent import AgentSettings, build_agent, settings_from
+from kmend.errors import ConfigError
 from tests.agent_helpers import FIXTURES, CriWriter
 
 
@@ -70,7 +70,7 @@ def test_bad_rule_pack_stops_start_up_with_its_name(tmp_path: Path) -> None:
         "    references: ['https://example.org']\n")
     settings = AgentSettings(node="n1", state_dir=tmp_path / "s", rules_dirs=[rules], nvml=False,
                              pod_labels=False)
-    with pytest.raises(RuleError, match="broken"):
+    with pytest.raises(ConfigError, match=r"KMEND_AGENT_RULES_DIRS.*bad.yaml.*broken"):
         build_agent(settings)
 
 
