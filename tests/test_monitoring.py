@@ -142,9 +142,8 @@ def test_real_prometheus_scrapes_kmend_and_evaluates_every_rule(tmp_path: Path, 
         while time.monotonic() < deadline:
             time.sleep(1)
             try:
-                waiting = httpx.get(f"{api}/query", params={
-                    "query": 'sum(kmend_healer_plans_in_state{state="awaiting_approval"}) > 0'}, timeout=5).json()["data"][
-                    "result"]
+                query = 'sum(kmend_healer_plans_in_state{state="awaiting_approval"}) > 0'
+                waiting = httpx.get(f"{api}/query", params={"query": query}, timeout=5).json()["data"]["result"]
                 got = httpx.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
             except (httpx.HTTPError, KeyError, ValueError):
                 continue
