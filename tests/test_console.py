@@ -61,8 +61,9 @@ _CONTRAST_JS = """
   const lum = c => { const v = c.match(/[\\d.]+/g).slice(0, 3).map(Number).map(x => x / 255)
       .map(x => x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4));
       return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
-  const bg = el => { for (let e = el; e; e = e.parentElement) { const c = getComputedStyle(e).backgroundColor;
-      const a = c.match(/[\\d.]+/g); if (a && (a.length < 4 || Number(a[3]) > 0.5)) return c; } return 'rgb(255,255,255)'; };
+  const bg = el => { for (let e = el; e; e = e.parentElement) {
+      const c = getComputedStyle(e).backgroundColor; const a = c.match(/[\\d.]+/g);
+      if (a && (a.length < 4 || Number(a[3]) > 0.5)) return c; } return 'rgb(255,255,255)'; };
   const bad = [];
   for (const el of document.querySelectorAll('body *')) {
     if (!el.childNodes.length || ![...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())) continue;
