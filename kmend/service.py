@@ -26,7 +26,7 @@ from healer.lease import AlwaysLeader
 from healer.notify import Notifier
 from healer.policy import PolicyConfig
 from healer.policy_file import PolicyFile, load_policy
-from healer.records import Plan
+from healer.records import Plan, PlanState
 from healer.steps.base import StepContext
 from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
@@ -94,6 +94,7 @@ class Kmend:
                                  detectors=self.detectors)
         self._watermark = (0.0, 0.0)
         self._next_evaluation = 0.0
+        self._next_gauges = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None,
@@ -237,8 +238,15 @@ class Kmend:
                 log.exception("detector evaluation failed")
             try:
                 self.heal_once()
+                self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
+            if self.clock() >= self._next_gauges:
+                self._next_gauges = self.clock() + 10.0
+                try:
+                    self.refresh_gauges()
+                except Exception:
+                    log.exception("metrics refresh failed")
             self._wake.wait(self.healer.interval_s)
             self._wake.clear()
 
@@ -277,6 +285,14 @@ class Kmend:
                 out.append({"plan": p.id, "incident": p.incident_id, "kind": s.kind.value, "node": s.node,
                             "result": s.state.value, "detail": s.result, "mode": p.mode.value})
         return out
+
+    def refresh_gauges(self) -> None:
+        """Gauges that alerts read, kept fresh by the healer loop rather than by someone asking the API."""
+        counts = self.store.plan_counts()
+        self.metrics.plans_by_state.clear()
+        for state in {*(s.value for s in PlanState), *counts}:
+            self.metrics.plans_by_state.labels(state).set(counts.get(state, 0))
+        self.node_health()  # sets kmend_nodes_quarantined
 
     def _refresh_open_gauge(self) -> None:
         counts: Tally[str] = Tally()

@@ -16,11 +16,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from analyzer.rules import default_rules_dir, load_rules
+from analyzer.rules import RuleError, default_rules_dir, load_rules
 from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
 from collector.container_fs import FindCheckpointHandler
@@ -41,6 +41,7 @@ from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
 from collector.spool import DiskSpool
 from healer.checkpoints import discover_json
+from kmend.errors import ConfigError, from_validation
 
 log = logging.getLogger("kmend.agent")
 
@@ -96,7 +97,11 @@ class AgentSettings(BaseSettings):
     def bearer(self) -> str | None:
         """The token, from the file when one is given (re-read at start)."""
         if self.token_file is not None:
-            return self.token_file.read_text().strip()
+            try:
+                return self.token_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"KMEND_AGENT_TOKEN_FILE={str(self.token_file)!r}: cannot read the token: "
+                                  f"{exc.strerror}") from None
         return self.token.get_secret_value() if self.token else None
 
 
@@ -109,8 +114,11 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
     """
     if not settings.prefilter:
         return None
-    rules = load_rules(settings.rules_dirs)
-    progress = load_progress_rules(settings.progress_rules_dirs)
+    try:
+        rules = load_rules(settings.rules_dirs)
+        progress = load_progress_rules(settings.progress_rules_dirs)
+    except RuleError as exc:
+        raise ConfigError(f"KMEND_AGENT_RULES_DIRS / KMEND_AGENT_PROGRESS_RULES_DIRS: {exc}") from None
     return RegexPrefilter([r.pattern for r in rules] + [r.regex.pattern for r in progress]
                           + list(settings.prefilter_extra))
 
@@ -233,7 +241,11 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
     keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels",
                                                                     "node_requests", "gpu_reset"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
-    return AgentSettings(**overrides)
+    try:
+        return AgentSettings(**overrides)
+    except ValidationError as exc:
+        raise from_validation(exc, prefix="KMEND_AGENT_",
+                              flags={k: "--" + k.replace("_", "-") for k in overrides}) from None
 
 
 def run(args: argparse.Namespace) -> int:
