@@ -1,0 +1,73 @@
+"""Metric and alert files in an offline bundle: exporter scrapes and Alertmanager webhook bodies.
+
+A saved ``curl localhost:9400/metrics`` (DCGM exporter), the agent's NVML/IB samples in
+the same text format, or a captured Alertmanager notification become the signals the
+service would have received, so ``kmend analyze`` diagnoses them like ``kmend serve``.
+Several scrapes may be concatenated in one file: a sample repeated for the same series
+starts the next scrape, ``seconds_apart`` later (or at the sample's own timestamp).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from collector.alertmanager import WebhookIn, alert_to_signal
+from collector.signal import MetricSample, Signal, Source
+
+_EXPOSITION_START = ("# HELP ", "# TYPE ", "DCGM_", "nvml_", "ib_")
+
+
+def looks_like_scrape(name: str, texts: Sequence[str]) -> bool:
+    """A Prometheus text scrape: a ``.prom`` file, or one that opens like exporter output."""
+    first = next((t for t in texts if t.strip()), "")
+    return name.endswith(".prom") or first.startswith(_EXPOSITION_START)
+
+
+def _source(name: str) -> Source:
+    return Source.DCGM if name.startswith("DCGM_") else Source.IB if name.startswith("ib_") else Source.NVML
+
+
+def scrape_signals(name: str, text: str, *, node: str | None, ts: float, seconds_apart: float = 15.0,
+                   ) -> list[Signal]:
+    """The samples of one or more concatenated scrapes; node from the flag/path or the ``Hostname`` label."""
+    out: list[Signal] = []
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    scrape = 0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = dict(s.labels)
+            key = (s.name, tuple(sorted(labels.items())))
+            if key in seen:
+                scrape += 1
+                seen.clear()
+            seen.add(key)
+            if "UUID" in labels:
+                labels.setdefault("uuid", labels["UUID"])
+            if "pci_bus_id" in labels:
+                labels.setdefault("pci", labels["pci_bus_id"])
+            where = node or labels.get("Hostname") or "unknown"
+            at = float(s.timestamp) if s.timestamp is not None else ts + scrape * seconds_apart
+            digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
+            out.append(Signal(f"{where}/file/{name}/{digest}/{scrape}", where, _source(s.name), at,
+                              MetricSample(s.name, float(s.value), labels)))
+    return out
+
+
+def webhook_signals(text: str, *, node: str | None, ts: float) -> list[Signal] | None:
+    """The alerts of an Alertmanager webhook body, or None when the text is not one."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("alerts"), list):
+        return None
+    try:
+        hook = WebhookIn.model_validate(doc)
+    except ValidationError:
+        return None
+    return [s for a in hook.alerts if (s := alert_to_signal(a, default_node=node, now=ts)) is not None]
