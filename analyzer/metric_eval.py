@@ -14,8 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from analyzer.matcher import normalize_pci
-from analyzer.metric_rules import AlertRule, Condition, MetricExample, MetricRule, SignalRules, labels_match
-from analyzer.metric_rules import parse_exposition
+from analyzer.metric_rules import (
+    AlertRule,
+    Condition,
+    MetricExample,
+    MetricRule,
+    SignalRules,
+    labels_match,
+    parse_exposition,
+)
 from analyzer.records import Finding, Location
 from analyzer.rules import Rule, RuleError
 from collector.signal import MetricSample, Signal, Source
@@ -41,7 +48,7 @@ def _num(v: float) -> str:
 class _Series:
     """Last sample of one series and, per rule, how many consecutive samples met its condition."""
 
-    __slots__ = ("value", "ts", "streak")
+    __slots__ = ("streak", "ts", "value")
 
     def __init__(self) -> None:
         self.value: float | None = None
@@ -195,7 +202,8 @@ class SignalEvaluator:
         if hit.previous is not None:
             fields["previous"] = _num(hit.previous)
         fields.update({k.lower() if k == "UUID" else k: labels[k] for k in _KEPT if labels.get(k)})
-        fault_class, severity, hardware, action = rule.fault_class, rule.severity, rule.hardware, rule.recommended_action
+        fault_class, severity = rule.fault_class, rule.severity
+        hardware, action = rule.hardware, rule.recommended_action
         if rule.classify_xid is not None:
             code = labels.get("xid", "") if rule.classify_xid == "label" else _num(sample.value)
             fields["xid"] = code

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from analyzer.records import Action, FaultClass, Severity
 from analyzer.rules import RuleError, check_urls, compile_linear, load_packs
+from collector.exposition import exposition_samples
 
 
 class Condition(StrEnum):
@@ -227,9 +227,7 @@ class SignalRules:
 
 def parse_exposition(lines: Iterable[str]) -> list[tuple[str, float, dict[str, str]]]:
     """(name, value, labels) of Prometheus text exposition lines (the exporter's own format)."""
-    text = "\n".join(lines) + "\n"
-    return [(s.name, float(s.value), dict(s.labels))
-            for fam in text_string_to_metric_families(text) for s in fam.samples]
+    return [(s.name, s.value, s.labels) for s in exposition_samples("\n".join(lines) + "\n")]
 
 
 def _matchers(path: str, rid: str, labels: dict[str, str]) -> LabelMatchers:
@@ -248,7 +246,8 @@ def _metric_rule(path: str, pack: str, spec: MetricRuleSpec) -> MetricRule:
         labels=_matchers(path, spec.id, spec.labels), condition=spec.condition, threshold=spec.threshold,
         values=frozenset(spec.values), mask=spec.mask, min_delta=spec.min_delta,
         min_rate_per_minute=spec.min_rate_per_minute, baseline=spec.baseline, for_samples=spec.for_samples,
-        every_sample=spec.every_sample, refire_on_change=spec.refire_on_change, classify_xid=spec.classify_xid, fault_class=spec.fault_class,
+        every_sample=spec.every_sample, refire_on_change=spec.refire_on_change, classify_xid=spec.classify_xid,
+        fault_class=spec.fault_class,
         severity=spec.severity, hardware=spec.hardware, recommended_action=spec.recommended_action,
         examples=spec.examples, counter_examples=spec.counter_examples, references=spec.references,
     )

@@ -13,10 +13,10 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from collector.alertmanager import WebhookIn, alert_to_signal
+from collector.exposition import exposition_samples, gpu_labels
 from collector.signal import MetricSample, Signal, Source
 
 _EXPOSITION_START = ("# HELP ", "# TYPE ", "DCGM_", "nvml_", "ib_")
@@ -38,23 +38,18 @@ def scrape_signals(name: str, text: str, *, node: str | None, ts: float, seconds
     out: list[Signal] = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     scrape = 0
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = dict(s.labels)
-            key = (s.name, tuple(sorted(labels.items())))
-            if key in seen:
-                scrape += 1
-                seen.clear()
-            seen.add(key)
-            if "UUID" in labels:
-                labels.setdefault("uuid", labels["UUID"])
-            if "pci_bus_id" in labels:
-                labels.setdefault("pci", labels["pci_bus_id"])
-            where = node or labels.get("Hostname") or "unknown"
-            at = float(s.timestamp) if s.timestamp is not None else ts + scrape * seconds_apart
-            digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
-            out.append(Signal(f"{where}/file/{name}/{digest}/{scrape}", where, _source(s.name), at,
-                              MetricSample(s.name, float(s.value), labels)))
+    for s in exposition_samples(text):
+        key = (s.name, tuple(sorted(s.labels.items())))
+        if key in seen:
+            scrape += 1
+            seen.clear()
+        seen.add(key)
+        labels = gpu_labels(s.labels)
+        where = node or labels.get("Hostname") or "unknown"
+        at = s.timestamp if s.timestamp is not None else ts + scrape * seconds_apart
+        digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
+        out.append(Signal(f"{where}/file/{name}/{digest}/{scrape}", where, _source(s.name), at,
+                          MetricSample(s.name, s.value, labels)))
     return out
 
 
