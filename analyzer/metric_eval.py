@@ -134,10 +134,18 @@ class SignalEvaluator:
         fields = {"alertname": sample.name, "status": "firing"}
         fields.update({k: labels[k] for k in (*_KEPT, "severity", "condition", "reason") if labels.get(k)})
         text = labels.get("summary") or labels.get("description") or ""
+        fault_class, severity = rule.fault_class, rule.severity
+        hardware, action = rule.hardware, rule.recommended_action
+        code = next((labels[k] for k in rule.xid_labels if labels.get(k, "0") not in ("", "0")), None)
+        xr = self.xid.get(f"xid-{code}") if code else None
+        if xr is not None:
+            fault_class, severity, action = xr.fault_class, xr.severity, xr.recommended_action
+            hardware = xr.hardware is True
+            fields.update(xid=str(code), classified_by=xr.id)
         return Finding(
-            id=f"{rule.id}:{sig.id}", ts=sig.ts, fault_class=rule.fault_class, severity=rule.severity,
-            hardware=rule.hardware, where=_location(sig, labels), rule_id=rule.id,
-            recommended_action=rule.recommended_action, evidence=(sig.id,),
+            id=f"{rule.id}:{sig.id}", ts=sig.ts, fault_class=fault_class, severity=severity,
+            hardware=hardware, where=_location(sig, labels), rule_id=rule.id,
+            recommended_action=action, evidence=(sig.id,),
             message=f"alert {sample.name} firing" + (f": {text}" if text else "")[:500], fields=fields,
         )
 

@@ -106,6 +106,8 @@ class AlertRuleSpec(BaseModel):
     description: str
     names: tuple[str, ...] = Field(min_length=1, description="alertname, or the node condition / event reason")
     labels: dict[str, str] = Field(default_factory=dict, description="label -> fully anchored regex")
+    xid_labels: tuple[str, ...] = Field(
+        default=(), description="labels that may carry the Xid code; with one, classify like the log rule xid-<code>")
     fault_class: FaultClass
     severity: Severity
     hardware: bool
@@ -194,6 +196,8 @@ class AlertRule:
     """Alert names (lower-cased), also matched against ``condition`` and ``reason`` labels."""
     labels: LabelMatchers
     """Label matchers the alert must pass."""
+    xid_labels: tuple[str, ...]
+    """Labels that may carry an Xid code (``xid``, dcgm-exporter's ``err_code``)."""
     fault_class: FaultClass
     """Class of its findings."""
     severity: Severity
@@ -256,8 +260,9 @@ def _metric_rule(path: str, pack: str, spec: MetricRuleSpec) -> MetricRule:
 def _alert_rule(path: str, pack: str, spec: AlertRuleSpec) -> AlertRule:
     rule = AlertRule(
         id=spec.id, pack=pack, description=spec.description, names=frozenset(n.lower() for n in spec.names),
-        labels=_matchers(path, spec.id, spec.labels), fault_class=spec.fault_class, severity=spec.severity,
-        hardware=spec.hardware, recommended_action=spec.recommended_action, examples=spec.examples,
+        labels=_matchers(path, spec.id, spec.labels), xid_labels=spec.xid_labels, fault_class=spec.fault_class,
+        severity=spec.severity, hardware=spec.hardware, recommended_action=spec.recommended_action,
+        examples=spec.examples,
         counter_examples=spec.counter_examples, references=spec.references,
     )
     for i, ex in enumerate(spec.examples):
