@@ -72,7 +72,8 @@ def _location(signal: Signal, labels: Mapping[str, str]) -> Location:
     )
 
 
-def _exposition(sample: MetricSample) -> str:
+def exposition(sample: MetricSample) -> str:
+    """The sample as an exposition line (labels sorted, alert text left out)."""
     inner = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k not in ("summary", "description"))
     return f"{sample.name}{{{inner}}} {_num(sample.value)}"
 
@@ -226,7 +227,7 @@ class SignalEvaluator:
         return Finding(
             id=f"{rule.id}:{sig.id}", ts=sig.ts, fault_class=fault_class, severity=severity, hardware=hardware,
             where=_location(sig, labels), rule_id=rule.id, recommended_action=action, evidence=(sig.id,),
-            message=(f"{where}: " if where else "") + _exposition(sample)[:460] + change, fields=fields,
+            message=(f"{where}: " if where else "") + exposition(sample)[:460] + change, fields=fields,
         )
 
     def _evict(self) -> None:

@@ -33,7 +33,7 @@ def _source(name: str) -> Source:
 
 
 def scrape_signals(name: str, text: str, *, node: str | None, ts: float, seconds_apart: float = 15.0,
-                   ) -> list[Signal]:
+                   default_node: str = "unknown") -> list[Signal]:
     """The samples of one or more concatenated scrapes; node from the flag/path or the ``Hostname`` label."""
     out: list[Signal] = []
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
@@ -45,7 +45,7 @@ def scrape_signals(name: str, text: str, *, node: str | None, ts: float, seconds
             seen.clear()
         seen.add(key)
         labels = gpu_labels(s.labels)
-        where = node or labels.get("Hostname") or "unknown"
+        where = node or labels.get("Hostname") or default_node
         at = s.timestamp if s.timestamp is not None else ts + scrape * seconds_apart
         digest = hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()
         out.append(Signal(f"{where}/file/{name}/{digest}/{scrape}", where, _source(s.name), at,
@@ -66,3 +66,21 @@ def webhook_signals(text: str, *, node: str | None, ts: float) -> list[Signal] |
     except ValidationError:
         return None
     return [s for a in hook.alerts if (s := alert_to_signal(a, default_node=node, now=ts)) is not None]
+
+
+def sample_json_signals(doc: object, *, node: str | None, ts: float) -> list[Signal] | None:
+    """Metric samples written as JSON (``{"name", "value", "labels"}`` or a list of them), else None."""
+    items = doc if isinstance(doc, list) else [doc]
+    out: list[Signal] = []
+    for i, item in enumerate(items):
+        if not (isinstance(item, dict) and isinstance(item.get("name"), str)
+                and isinstance(item.get("value"), int | float)):
+            return None
+        labels = {str(k): str(v) for k, v in (item.get("labels") or {}).items()}
+        where = str(item.get("node") or node or labels.get("Hostname") or "unknown")
+        name = item["name"]
+        source = Source(item["source"]) if item.get("source") in {s.value for s in Source} else _source(name)
+        at = float(item.get("ts", ts + i * 15.0))
+        out.append(Signal(f"{where}/json/{i}", where, source, at,
+                          MetricSample(name, float(item["value"]), gpu_labels(labels))))
+    return out
