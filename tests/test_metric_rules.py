@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -22,7 +24,9 @@ from kmend.service import Kmend
 from kmend.settings import Settings
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
+from tests.agent_helpers import Service
 from tests.conftest import REPO
+from tests.test_alertmanager import _wait, alertmanager, service  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +278,27 @@ def test_kmend_analyze_reads_exporter_scrapes_and_webhook_bodies(tmp_path: Path)
     got = {(i["fault_class"], i["root_cause"]["node"], i["root_cause"]["gpu"], i["hardware"])
            for i in json.loads(out.stdout)["incidents"]}
     assert got == {("gpu_memory", "gpu-node-07", "5", True), ("storage", "gpu-node-08", None, False)}
+
+
+def test_real_alertmanager_alerts_open_incidents_and_resolving_opens_none(
+        alertmanager: str, service: Service) -> None:  # noqa: F811  (the fixtures imported above)
+    starts = (datetime.now(UTC) - timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+    alerts = [
+        {"labels": {"alertname": "GpuXidError", "severity": "critical", "Hostname": "gpu-node-07", "gpu": "3",
+                    "UUID": "GPU-b9f9e81b-bee7-34bc-af17-132ef6592740", "pci_bus_id": "00000000:3B:00.0",
+                    "err_code": "79"}, "annotations": {"summary": "Xid 79 on GPU 3"}, "startsAt": starts},
+        {"labels": {"alertname": "NodeFilesystemAlmostOutOfSpace", "instance": "gpu-node-08:9100",
+                    "mountpoint": "/", "severity": "critical"}, "annotations": {}, "startsAt": starts},
+    ]
+    assert httpx.post(f"{alertmanager}/api/v2/alerts", json=alerts).status_code == 200
+
+    def incidents() -> set[tuple[str, str | None, str | None]]:
+        return {(i.fault_class.value, i.root_cause.node, i.root_cause.gpu)
+                for i in service.kmend.analyzer.correlator.incidents()}
+
+    _wait(lambda: len(incidents()) == 2)
+    assert incidents() == {("gpu_lost", "gpu-node-07", "3"), ("storage", "gpu-node-08", None)}
+    ends = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    assert httpx.post(f"{alertmanager}/api/v2/alerts", json=[a | {"endsAt": ends} for a in alerts]).status_code == 200
+    _wait(lambda: sum(s["body"]["payload"]["value"] == 0.0 for s in service.stored("alert")) == 2)
+    assert len(service.kmend.store.findings_in_order()) == 2, "resolved notifications make no findings"
