@@ -46,14 +46,19 @@ def _num(v: float) -> str:
 
 
 class _Series:
-    """Last sample of one series and, per rule, how many consecutive samples met its condition."""
+    """Last sample of one series and, per rule, how many consecutive samples met its condition.
 
-    __slots__ = ("streak", "ts", "value")
+    The state before the last sample is kept too: a batch the store rolled back comes again,
+    and its samples must give the same findings (same ids) the second time.
+    """
+
+    __slots__ = ("prev", "streak", "ts", "value")
 
     def __init__(self) -> None:
         self.value: float | None = None
         self.ts = 0.0
         self.streak: dict[str, int] = {}
+        self.prev: tuple[float | None, float, dict[str, int]] = (None, 0.0, {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,12 @@ class SignalEvaluator:
             series = self._series[key] = _Series()
         else:
             self._series.move_to_end(key)
+            if sig.ts < series.ts:
+                return []  # older than what this series has seen: a late copy, not news
+            if sig.ts == series.ts and sample.value == series.value:
+                series.value, series.ts, streak = series.prev  # the same sample again: judge it as before
+                series.streak = dict(streak)
+        series.prev = (series.value, series.ts, dict(series.streak))
         hits = [h for r in self.by_metric[sample.name] if (h := self._test(r, series, sig, sample)) is not None]
         series.value, series.ts = sample.value, sig.ts
         self._newest = max(self._newest, sig.ts)

@@ -302,3 +302,15 @@ def test_real_alertmanager_alerts_open_incidents_and_resolving_opens_none(
     assert httpx.post(f"{alertmanager}/api/v2/alerts", json=[a | {"endsAt": ends} for a in alerts]).status_code == 200
     _wait(lambda: sum(s["body"]["payload"]["value"] == 0.0 for s in service.stored("alert")) == 2)
     assert len(service.kmend.store.findings_in_order()) == 2, "resolved notifications make no findings"
+
+
+def test_a_redelivered_batch_gives_the_same_findings_and_late_samples_none(ev: SignalEvaluator) -> None:
+    first = sample("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 4, 0.0, gpu="1")
+    grew = sample("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 6, 15.0, gpu="1")
+    ev.match([first])
+    once = ev.match([grew])
+    again = ev.match([grew])  # the store rolled the batch back; the agent sends it again
+    assert [f.id for f in once] == [f.id for f in again] and once[0].fields["delta"] == "2"
+    assert ev.match([sample("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 5, 10.0, gpu="1")]) == []
+    temps = [sample("DCGM_FI_DEV_GPU_TEMP", 95, float(t), gpu="6") for t in range(4)]
+    assert len(ev.match(temps)) == 1 and len(ev.match(temps[-1:])) == 1
