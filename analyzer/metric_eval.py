@@ -10,7 +10,7 @@ cannot grow it without bound.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from analyzer.matcher import normalize_pci
@@ -287,8 +287,3 @@ def check_examples(path: str, rule: MetricRule) -> None:
                 raise RuleError(path, rule.id, f"{kind}[{i}]", "does not fire on its last sample")
             if not want and any(fired):
                 raise RuleError(path, rule.id, f"{kind}[{i}]", "fires")
-
-
-def findings_of(evaluator: SignalEvaluator | None, signals: Sequence[Signal]) -> list[Finding]:
-    """The evaluator's findings for a batch, or none without one."""
-    return evaluator.match(signals) if evaluator is not None else []

@@ -14,12 +14,14 @@ import httpx
 import pytest
 import yaml
 
+from analyzer.correlate import Correlator
 from analyzer.metric_eval import SignalEvaluator
 from analyzer.metric_rules import SignalRules, default_metric_rules_dir, load_signal_rules
+from analyzer.pipeline import Analyzer
 from analyzer.records import Action, FaultClass
 from analyzer.rules import Rule, RuleError
 from collector.exposition import exposition_samples
-from collector.signal import MetricSample, Signal, Source
+from collector.signal import LogLine, MetricSample, Signal, Source
 from kmend.service import Kmend
 from kmend.settings import Settings
 from kmend.wiring import make_kmend
@@ -314,3 +316,16 @@ def test_a_redelivered_batch_gives_the_same_findings_and_late_samples_none(ev: S
     assert ev.match([sample("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", 5, 10.0, gpu="1")]) == []
     temps = [sample("DCGM_FI_DEV_GPU_TEMP", 95, float(t), gpu="6") for t in range(4)]
     assert len(ev.match(temps)) == 1 and len(ev.match(temps[-1:])) == 1
+
+
+def test_dcgm_xid_and_the_kernel_line_of_the_same_gpu_are_one_incident(shipped: SignalRules,
+                                                                      shipped_rules: list[Rule]) -> None:
+    analyzer = Analyzer(shipped_rules, correlator=Correlator(),
+                        signals=SignalEvaluator(shipped, xid_rules=shipped_rules))
+    kern = Signal("gpu-node-07/kernel/1", "gpu-node-07", Source.KERNEL, 100.0,
+                  LogLine("NVRM: Xid (PCI:0000:5d:00): 79, pid=1234, GPU has fallen off the bus."))
+    analyzer.process([kern, sample("DCGM_FI_DEV_XID_ERRORS", 79, 101.0, **GPU3),
+                      sample("DCGM_FI_DEV_XID_ERRORS", 0, 102.0, gpu="4", pci_bus_id="00000000:9A:00.0")])
+    (inc,) = analyzer.correlator.incidents()
+    assert sorted(f.rule_id for f in inc.findings) == ["dcgm-xid-last", "xid-79"]
+    assert (inc.fault_class, inc.root_cause.pci) == (FaultClass.GPU_LOST, "0000:5d:00")
