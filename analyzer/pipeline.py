@@ -10,6 +10,7 @@ from analyzer.detectors.suite import DetectorSuite
 from analyzer.engine import Backend
 from analyzer.escalate import Escalator
 from analyzer.matcher import FastMatcher
+from analyzer.metric_eval import SignalEvaluator
 from analyzer.records import Finding, Incident
 from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
@@ -39,10 +40,11 @@ class Analyzer:
 
     def __init__(
         self, rules: Sequence[Rule], *, correlator: Correlator | None = None, backend: Backend | None = None,
-        detectors: DetectorSuite | None = None,
+        detectors: DetectorSuite | None = None, signals: SignalEvaluator | None = None,
     ) -> None:
         self.rules = tuple(rules)
-        self.matcher = FastMatcher(self.rules, backend=backend)
+        # Metric and alert rules keep per-series state: the caller owns it, so it outlives a rebuild.
+        self.matcher = FastMatcher(self.rules, backend=backend, signals=signals)
         self.escalator = Escalator(self.rules)
         self.correlator = correlator or Correlator()
         self.detectors = detectors

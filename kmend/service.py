@@ -14,6 +14,8 @@ from analyzer.correlate import Correlator
 from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
+from analyzer.metric_eval import SignalEvaluator
+from analyzer.metric_rules import SignalRules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding, Incident, IncidentState
@@ -78,6 +80,7 @@ class Kmend:
         straggler: StragglerConfig | None = None,
         flight_recorder_settle_s: float = 10.0,
         checkpoint_roots: Sequence[str] | None = None,
+        signal_rules: SignalRules | None = None,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -90,8 +93,9 @@ class Kmend:
         self.scheduler = scheduler
         self.detectors = DetectorSuite(progress_rules, hang=hang, straggler=straggler,
                                        flight_recorder_settle_s=flight_recorder_settle_s)
+        self.signals = SignalEvaluator(signal_rules or SignalRules(), xid_rules=self.rules)
         self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s),
-                                 detectors=self.detectors)
+                                 detectors=self.detectors, signals=self.signals)
         self._watermark = (0.0, 0.0)
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
@@ -126,7 +130,7 @@ class Kmend:
                 if st and st != inc.state.value:
                     corr.set_state(inc.id, IncidentState(st), now, "restored")
             # The detectors keep their state: a rolled-back batch comes again and is folded idempotently.
-            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors)
+            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals)
             self._refresh_open_gauge()
 
     # -- ingest --------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from analyzer.metric_rules import default_metric_rules_dir
 from analyzer.progress_rules import default_progress_rules_dir
 from analyzer.rules import default_rules_dir
 
@@ -19,6 +20,8 @@ class Settings(BaseSettings):
 
     database_url: str = Field("sqlite:///kmend.db", description="SQLAlchemy URL; postgresql+psycopg://... for replicas")
     rules_dirs: list[Path] = Field(default_factory=lambda: [default_rules_dir()])
+    metric_rules_dirs: list[Path] = Field(default_factory=lambda: [default_metric_rules_dir()],
+                                          description="metric (NVML/DCGM/IB) and Alertmanager alert rule packs")
     host: str = "127.0.0.1"
     port: int = 8080
     ingest_token: SecretStr | None = Field(None, description="bearer token collectors must send, if set")
