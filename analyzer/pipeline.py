@@ -39,10 +39,11 @@ class Analyzer:
 
     def __init__(
         self, rules: Sequence[Rule], *, correlator: Correlator | None = None, backend: Backend | None = None,
-        detectors: DetectorSuite | None = None,
+        detectors: DetectorSuite | None = None, matcher: FastMatcher | None = None,
     ) -> None:
         self.rules = tuple(rules)
-        self.matcher = FastMatcher(self.rules, backend=backend)
+        # A compiled matcher can be shared by analyzers of many small bundles (it holds no state).
+        self.matcher = matcher or FastMatcher(self.rules, backend=backend)
         self.escalator = Escalator(self.rules)
         self.correlator = correlator or Correlator()
         self.detectors = detectors
