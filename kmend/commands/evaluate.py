@@ -16,6 +16,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                        "fault class, hardware/application call, action and benign alarms per half.")
     c.add_argument("--dir", type=Path, default=Path("tests/corpus"), help="corpus directory (default: tests/corpus)")
     c.add_argument("--split", choices=["dev", "heldout", "all"], default="all", help="which half to score")
+    c.add_argument("--misses", choices=["dev", "all", "none"], default="dev",
+                   help="whose misses to list (default: dev; rules are written from the dev half only)")
     c.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     c.add_argument("--rules", action="append", type=Path, metavar="PATH",
                    help="rule pack file or directory (repeatable; default: the shipped packs)")
