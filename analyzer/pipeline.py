@@ -10,7 +10,7 @@ from analyzer.detectors.suite import DetectorSuite
 from analyzer.engine import Backend
 from analyzer.escalate import Escalator
 from analyzer.matcher import FastMatcher
-from analyzer.records import Finding, Incident
+from analyzer.records import Action, Finding, Incident, Severity
 from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
 
@@ -45,6 +45,13 @@ class Analyzer:
         # A compiled matcher can be shared by analyzers of many small bundles (it holds no state).
         self.matcher = matcher or FastMatcher(self.rules, backend=backend)
         self.escalator = Escalator(self.rules)
+        # Informational rules that escalate on a rate (corrected PCIe/EDAC errors): one line below
+        # the rate is recorded as a finding but opens no incident; only the escalation does.
+        self._below_rate = frozenset(
+            r.id for r in self.rules
+            if r.escalation is not None and r.escalation.count >= 2
+            and r.severity is Severity.INFO and r.recommended_action is Action.NONE
+        )
         self.correlator = correlator or Correlator()
         self.detectors = detectors
 
@@ -60,7 +67,9 @@ class Analyzer:
     def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:
         """Findings of a batch and the incidents they created or changed."""
         found = self.findings(signals)
-        return found, self.correlator.add_all(found)
+        below = self._below_rate
+        folded = [f for f in found if f.rule_id not in below or f.severity is not Severity.INFO] if below else found
+        return found, self.correlator.add_all(folded)
 
     def evaluate(self, now: float) -> tuple[list[Finding], list[Incident]]:
         """The detectors' verdicts at `now` (hang, straggler, Flight Recorder), folded like rule findings."""

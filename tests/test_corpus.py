@@ -18,10 +18,10 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.9, "hardware_accuracy": 0.9, "action_accuracy": 0.9},
-    "heldout": {"class_accuracy": 0.55, "hardware_accuracy": 0.55, "action_accuracy": 0.55},
+    "dev": {"class_accuracy": 0.95, "hardware_accuracy": 0.95, "action_accuracy": 0.95},
+    "heldout": {"class_accuracy": 0.6, "hardware_accuracy": 0.6, "action_accuracy": 0.6},
 }
-MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 4}
+MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 3}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,11 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 180
-    assert sum(e.benign for e in entries) >= 30
+    assert len(entries) >= 250
+    assert sum(e.benign for e in entries) >= 60
     assert len({e.id for e in entries}) == len(entries)
+    # The same lines twice (one thread collected twice) would count one excerpt double.
+    assert len({e.text.strip() for e in entries}) == len(entries)
     for e in entries:
         assert e.url.startswith("https://") and e.thread.startswith("https://"), e.id
         assert e.text.strip(), e.id
