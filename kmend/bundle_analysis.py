@@ -14,6 +14,7 @@ collective. Their findings fold into the same incidents as the rule matches.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -25,12 +26,13 @@ from analyzer.correlate import Correlator
 from analyzer.detectors.flight_recorder import DumpError
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.engine import MultiMatcher
+from analyzer.matcher import FastMatcher
 from analyzer.metric_eval import SignalEvaluator
-from analyzer.metric_rules import default_metric_rules_dir, load_signal_rules
+from analyzer.metric_rules import SignalRules, default_metric_rules_dir, load_signal_rules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
 from analyzer.records import Finding, Incident
-from analyzer.rules import RuleError, default_rules_dir, load_rules
+from analyzer.rules import Rule, RuleError, default_rules_dir, load_rules
 from collector.bundle import BundleSource, LogFile
 from collector.metric_files import looks_like_scrape, scrape_signals, webhook_signals
 from collector.signal import LogLine, Signal
@@ -127,14 +129,25 @@ def diagnose(args: argparse.Namespace) -> list[Incident]:
     """Incidents of the bundle named by the parsed arguments."""
     rules = load_rules(args.rules or [default_rules_dir()])
     progress_rules = load_progress_rules([default_progress_rules_dir()])
-    correlator = Correlator(window_s=args.window if args.window is not None else BUNDLE_WINDOW_S, bundle=True)
+    source = BundleSource(args.paths, node=args.node, job=args.job)
+    window = args.window if args.window is not None else BUNDLE_WINDOW_S
+    return diagnose_source(source, rules, FastMatcher(rules), progress_rules, window)
+
+
+def diagnose_source(source: BundleSource, rules: Sequence[Rule], matcher: FastMatcher,
+                    progress_rules: Sequence[ProgressRule], window: float = BUNDLE_WINDOW_S,
+                    signal_rules: SignalRules | None = None) -> list[Incident]:
+    """Incidents of one bundle, with the rules already compiled (``kmend eval corpus`` runs many)."""
+    correlator = Correlator(window_s=window, bundle=True)
     # Nothing arrives after the bundle was cut: the dumps in it are all there will be.
     detectors = DetectorSuite(progress_rules, flight_recorder_settle_s=0.0)
-    signal_rules = load_signal_rules([default_metric_rules_dir()])
-    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors,
-                        signals=SignalEvaluator(signal_rules, xid_rules=rules))
-    source = BundleSource(args.paths, node=args.node, job=args.job)
-    signals, placements, last_ts = collect(source, MultiMatcher(rules), progress_rules)
+    # The compiled log engine is shared; metric and alert series state belongs to this bundle alone.
+    bundle_matcher = copy.copy(matcher)
+    bundle_matcher.signals = SignalEvaluator(
+        signal_rules if signal_rules is not None else load_signal_rules([default_metric_rules_dir()]),
+        xid_rules=rules)
+    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors, matcher=bundle_matcher)
+    signals, placements, last_ts = collect(source, matcher.engine, progress_rules)
     for job, node in sorted(placements):
         correlator.observe_placement(job, node)
     replay(analyzer, signals)
