@@ -18,6 +18,7 @@ class Mode(StrEnum):
 class StepKind(StrEnum):
     """What one step does through the Cluster and Workloads ports."""
 
+    EVIDENCE = "evidence"
     CORDON = "cordon"
     TAINT = "taint"
     LABEL = "label"

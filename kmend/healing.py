@@ -14,7 +14,8 @@ from typing import Any, Protocol
 from analyzer.records import Incident, IncidentState
 from healer.cluster import ClusterEvent, Condition, NotFoundError
 from healer.executor import PlanExecutor, describe
-from healer.jobs import pods_of_job
+from healer.history import node_history
+from healer.jobs import jobs_bound, pods_of_job
 from healer.keys import (
     CONDITION_TYPE,
     FAULT_TAINT_KEY,
@@ -27,6 +28,7 @@ from healer.keys import (
 )
 from healer.notify import Announcement, Notifier, announce
 from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
+from healer.policy_explain import explain
 from healer.policy_file import PolicyFile
 from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, StepState
 from healer.safety import BreakerState, Guard
@@ -109,7 +111,11 @@ class Healing:
                 first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
                 if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
                     continue  # the cause may still arrive (kernel logs can lag container logs)
-                plan = choose_plan(inc, self.policy, self.config, self._context(inc, now))
+                ctx = self._context(inc, now)
+                if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
+                    log.debug("incident %s: no plan yet: %s", inc.id, wait)
+                    continue
+                plan = choose_plan(inc, self.policy, self.config, ctx)
                 self.store.save_plan(plan)
                 self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
                 self._announce(Announcement.PLAN_CREATED, plan)
@@ -144,23 +150,30 @@ class Healing:
                     opted_out = f"node {node} has {MANAGED_LABEL}=false"
             except NotFoundError:
                 pass
+        job = inc.root_cause.job
+        if node and inc.hardware:
+            # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
+            bound = jobs_bound(self.ctx.workloads.list_pods(node=node))
+            job = job if job in bound else (bound[0] if len(bound) == 1 else "")
         namespace = None
-        if inc.root_cause.job:
-            pods = pods_of_job(self.ctx.workloads.list_pods(), inc.root_cause.job)
+        if job:
+            pods = pods_of_job(self.ctx.workloads.list_pods(), job)
             if pods:
                 namespace = pods[0].namespace
-                opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, inc.root_cause.job,
+                opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, job,
                                                          [dict(p.labels) for p in pods[:1]])
         held = None
         in_cooldown = False
-        if node:
-            for p in self.store.list_plans(node=node):
-                if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
-                    held = p.id
-                elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
-                        and any(s.kind is StepKind.CORDON for s in p.steps):
-                    in_cooldown = True
-        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown)
+        history = self.store.list_plans(node=node) if node else []
+        for p in history:
+            if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
+                held = p.id
+            elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
+                    and any(s.kind is StepKind.CORDON for s in p.steps):
+                in_cooldown = True
+        attempts, lemon = node_history(history, self.policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
+        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
+                           lemon=lemon)
 
     @staticmethod
     def _opted_out(workloads: Workloads, namespace: str, job: str, pod_labels: list[dict[str, str]]) -> str:
