@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from kmend.commands import agent, analyze, demo, fluentbit, serve
+from kmend.commands import agent, analyze, demo, fluentbit, policy, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kmend", description="Diagnose and heal GPU training clusters")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (serve, agent, analyze, demo, fluentbit):
+    for module in (serve, agent, analyze, demo, fluentbit, policy):
         module.register(sub)
     return parser
 
