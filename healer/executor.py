@@ -236,4 +236,6 @@ def describe(step: ActionStep) -> str:
             return f"run the health-check Job on {node}"
         case StepKind.RETURN:
             return f"return {node} to the spare pool"
+        case StepKind.ACCEPT:
+            return f"remove kmend.io/unvalidated from {node}: it takes work"
     return step.kind.value

@@ -32,6 +32,7 @@ class StepKind(StrEnum):
     REPAIR = "repair"
     VALIDATE = "validate"
     RETURN = "return"
+    ACCEPT = "accept"
 
 
 class StepState(StrEnum):

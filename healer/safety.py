@@ -21,6 +21,8 @@ GPU_NODE_LABELS = ("nvidia.com/gpu.count", "nvidia.com/gpu.present", "nvidia.com
 """Labels that mark a GPU node (set by GPU feature discovery)."""
 OPERATOR_POLICY_PREFIX = "operator/"
 """Plans an operator asked for through the API: the breaker does not stop them (they still count)."""
+UNLIMITED_PREFIXES = (OPERATOR_POLICY_PREFIX, "acceptance/")
+"""Plans the hourly rate does not hold back (operators' and health checks of new or repaired nodes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,7 @@ class Guard:
         now = self.clock()
         s = self.safety
         started = any(x.state is not StepState.PENDING for x in plan.steps)
-        if not started and step.node and not plan.policy.startswith(OPERATOR_POLICY_PREFIX):
+        if not started and step.node and not plan.policy.startswith(UNLIMITED_PREFIXES):
             n = self.ledger.plans_started_since(now - 3600, exclude_plan=plan.id)
             if n >= s.max_plans_per_hour:
                 return Verdict(VerdictKind.WAIT, f"rate limit: {n} plans acted in the last hour "

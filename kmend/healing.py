@@ -12,9 +12,10 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from analyzer.records import Incident, IncidentState
-from healer.cluster import ClusterEvent, Condition, NotFoundError
+from healer.acceptance import Candidate, acceptance_plan, candidates, is_acceptance
+from healer.cluster import ClusterEvent, Condition, NotFoundError, Taint
 from healer.executor import PlanExecutor, describe
-from healer.history import node_history
+from healer.history import hardware_faults, lemon_reason, mtbi_s, node_history
 from healer.jobs import jobs_bound, pods_of_job
 from healer.keys import (
     CONDITION_TYPE,
@@ -25,6 +26,7 @@ from healer.keys import (
     QUARANTINED_AT,
     QUARANTINED_BY,
     QUARANTINED_LABEL,
+    UNVALIDATED_TAINT_KEY,
 )
 from healer.notify import Announcement, Notifier, announce
 from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
@@ -77,6 +79,7 @@ class Healing:
                                      on_step=self._count_step, on_plan=self._announce, **kwargs)
         self.lock = threading.RLock()
         self._first_seen: dict[str, float] = {}
+        self._known_nodes: set[str] | None = None
 
     @property
     def notifier(self) -> Notifier:
@@ -126,7 +129,41 @@ class Healing:
                 else:
                     plan = self._run(plan, set_state)
                 touched.append(plan)
-            return touched
+            return touched + self._accept_nodes(now)
+
+    def _accept_nodes(self, now: float) -> list[Plan]:
+        """Start the health check of nodes that are new or back from repair."""
+        nodes = self.ctx.cluster.list_nodes()
+        due = candidates(nodes, self._known_nodes, self.store.list_plans(), self.policy)
+        self._known_nodes = {n.name for n in nodes}
+        out = []
+        for c in due:
+            plan = acceptance_plan(c, self.policy, now)
+            self.store.save_plan(plan)
+            out.append(self.executor.execute(plan))
+        return out
+
+    def node_records(self) -> dict[str, dict[str, Any]]:
+        """Per node: the last health check, hardware faults and MTBI within the lemon window, the lemon verdict."""
+        s = self.policy.safety
+        now = self.ctx.clock()
+        by_node: dict[str, list[Plan]] = {}
+        for p in self.store.list_plans():
+            if p.node:
+                by_node.setdefault(p.node, []).append(p)
+        out: dict[str, dict[str, Any]] = {}
+        for node, plans in by_node.items():
+            checks = sorted((p for p in plans if is_acceptance(p)), key=lambda p: p.created_at)
+            faults = hardware_faults(plans, now - s.lemon_window_s)
+            out[node] = {
+                "validation": None if not checks else {
+                    "state": checks[-1].state.value, "plan": checks[-1].id, "at": checks[-1].created_at,
+                    "result": next((x.result for x in checks[-1].steps if x.kind is StepKind.VALIDATE), ""),
+                    "history": [{"plan": p.id, "state": p.state.value, "at": p.created_at} for p in checks[-10:]]},
+                "faults_in_window": len(faults), "mtbi_s": mtbi_s(faults, now),
+                "lemon": lemon_reason(faults, s, counting_this_one=False) or None,
+            }
+        return out
 
     def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
         done = self.executor.execute(plan)
@@ -269,10 +306,14 @@ class Healing:
             c = self.ctx.cluster
             c.patch_node_metadata(node, labels={QUARANTINED_LABEL: None}, annotations={
                 QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None})
+            # Back from repair: it takes work only once the health check passes (the acceptance loop runs it).
+            c.add_taint(node, Taint(UNVALIDATED_TAINT_KEY, "repaired", "NoSchedule"))
             c.remove_taint(node, FAULT_TAINT_KEY)
             c.set_condition(node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
             c.uncordon(node)
             c.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
+            check = acceptance_plan(Candidate(node, "repaired"), self.policy, self.ctx.clock())
+            self.store.save_plan(check)  # the healer loop runs it (and resumes it after a crash)
             return cancelled
 
     def breaker(self) -> BreakerState:
