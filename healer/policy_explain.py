@@ -53,7 +53,9 @@ def facts_of(incident: Incident, node_labels: Mapping[str, str] | None = None, j
 
 def evidence_wait(incident: Incident, rule: Rule, now: float) -> str | None:
     """Why the incident's evidence is not yet enough for `rule` (repeats and freshness), or None."""
-    causes = [f for f in incident.findings if not f.is_symptom_class and f.fault_class is incident.fault_class]
+    same = [f for f in incident.findings if f.fault_class is incident.fault_class]
+    # A job-wide failure (hang, timeouts) is rooted in a symptom: its own findings are the evidence then.
+    causes = [f for f in same if not f.is_symptom_class] or same
     if len(causes) < rule.min_findings:
         return (f"rule {rule.name!r} needs {rule.min_findings} {incident.fault_class.value} findings, "
                 f"the incident has {len(causes)}: waiting for the evidence to repeat")

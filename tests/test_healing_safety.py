@@ -150,3 +150,30 @@ def test_application_faults_never_get_an_evidence_step_or_a_cordon(shipped_rules
     assert inc.state is IncidentState.OPEN
     [plan] = h.healing().heal_once([inc], _no_state)
     assert [s.kind for s in plan.steps] == [StepKind.NOTIFY]
+
+
+def test_a_rank_the_hang_detector_names_gets_its_job_restarted_not_its_node_cordoned(
+        shipped_rules: list[Rule], tmp_path: Path) -> None:
+    from analyzer.detectors.suite import DetectorSuite
+    from collector.signal import Source
+    from sim.traces import TraceJob
+
+    trace = TraceJob("llama", world=16, step_s=1.0, seed=1)
+    batches = sorted(trace.run(20) + trace.hang_rank(11, behind=True, duration_s=300), key=lambda b: b[0])
+    stall = max(s.ts for _, sigs in batches for s in sigs if s.source is Source.PROGRESS)
+    analyzer = Analyzer(shipped_rules, detectors=DetectorSuite())
+    t, i = batches[0][0], 0
+    while t <= stall + 300:  # signals as they arrive, the detectors every second
+        while i < len(batches) and batches[i][0] <= t:
+            analyzer.process(batches[i][1])
+            i += 1
+        analyzer.evaluate(t)
+        t += 1.0
+    [inc] = analyzer.correlator.incidents()
+    assert inc.fault_class is FaultClass.HANG and inc.root_cause.rank == 11
+    h = Harness(tmp_path)
+    h.clock.t = stall + 400
+    [plan] = h.healing().heal_once([inc], _no_state)
+    assert plan.policy == "restart-hung-job/restart-job" and plan.mode is Mode.AUTO
+    assert [s.kind for s in plan.steps] == [StepKind.EVIDENCE, StepKind.CHECKPOINT, StepKind.RESTART_JOB]
+    assert not any(n.unschedulable for n in h.cluster.list_nodes())
