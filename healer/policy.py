@@ -129,6 +129,9 @@ def _steps(pid: str, template: PlanTemplate, incident: Incident, policy: PolicyF
             "signals": ",".join(e for f in incident.findings[:20] for e in f.evidence[:3]),
             "gpu": incident.root_cause.gpu or "", "pci": incident.root_cause.pci or "",
             "hang": str(incident.fault_class.value in ("hang", "nccl_timeout", "nccl_error")).lower(),
+            # The ranks' Flight Recorder dumps (their stacks per collective) the agent sent, when a hang is involved.
+            "stack_dumps": ",".join(e for f in incident.findings if f.rule_id == "flight-recorder"
+                                    for e in f.evidence[:64]),
             "ladder": rung}))
     for name in template.steps:
         i = len(out)

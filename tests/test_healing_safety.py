@@ -177,3 +177,32 @@ def test_a_rank_the_hang_detector_names_gets_its_job_restarted_not_its_node_cord
     assert plan.policy == "restart-hung-job/restart-job" and plan.mode is Mode.AUTO
     assert [s.kind for s in plan.steps] == [StepKind.EVIDENCE, StepKind.CHECKPOINT, StepKind.RESTART_JOB]
     assert not any(n.unschedulable for n in h.cluster.list_nodes())
+
+
+def test_a_hang_plan_keeps_the_ranks_flight_recorder_dumps_before_it_restarts(shipped_rules: list[Rule],
+                                                                             tmp_path: Path) -> None:
+    import pickle
+
+    from analyzer.detectors.suite import DetectorSuite
+    from sim.traces import TraceJob
+
+    an = Analyzer(shipped_rules, detectors=DetectorSuite())
+    job = TraceJob("llm", world=16, step_s=1.0, seed=2)
+    an.process([s for _, sigs in job.run(20) for s in sigs])
+    ts, timeouts = job.nccl_timeouts(job.ts + 30, seq=81, skip=frozenset({4}))
+    an.process(timeouts)
+    for r, doc in job.flight_recorder_dumps(81, frozenset({4})).items():
+        assert an.detectors is not None
+        an.detectors.add_flight_recorder_dump("llm", r, job.node_of(r), pickle.dumps(doc), ts,
+                                              source=f"{job.node_of(r)}/flight-recorder/llm/{r}")
+    an.evaluate(ts + 1)
+    [inc] = [i for i in an.correlator.incidents() if i.state is IncidentState.OPEN]
+    h = Harness(tmp_path)
+    h.clock.t = ts + 60
+    [plan] = h.healing().heal_once([inc], _no_state)
+    assert plan.policy == "restart-hung-job/restart-job"
+    evidence = plan.steps[0]
+    assert evidence.state.value == "succeeded" and "stack dumps" in evidence.result
+    dumps = evidence.outputs["stack_dumps"].split(",")
+    assert len(dumps) == 16 and "llm-n000/flight-recorder/llm/0" in dumps
+    assert "Watchdog caught collective operation timeout" in evidence.outputs["lines"]

@@ -16,10 +16,10 @@ def capture(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     lines = [x for x in p.get("lines", "").split("\n") if x]
     out = {"lines": p.get("lines", ""), "signals": p.get("signals", ""), "captured_at": str(ctx.clock())}
     extra = []
-    for key in ("nvidia_smi_q", "stack_dumps"):
+    for key, what in (("nvidia_smi_q", "nvidia-smi -q output"), ("stack_dumps", "stack dumps")):
         if p.get(key):
             out[key] = p[key]
-            extra.append(key.replace("_", "-"))
+            extra.append(what)
     ladder = f"; ladder: {p['ladder']}" if p.get("ladder") else ""
     return done(f"kept {len(lines)} evidence line(s){' and ' + ', '.join(extra) if extra else ''} for incident "
                 f"{p.get('incident', plan.incident_id)}{ladder}", **out)
