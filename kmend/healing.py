@@ -114,9 +114,12 @@ class Healing:
                 first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
                 if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
                     continue  # the cause may still arrive (kernel logs can lag container logs)
+                # Soft evidence may wait for many rounds: decide that before asking the cluster anything.
+                if (wait := explain(inc, self.policy, now).evidence_wait) is not None:
+                    log.debug("incident %s: no plan yet: %s", inc.id, wait)
+                    continue
                 ctx = self._context(inc, now)
                 if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
-                    log.debug("incident %s: no plan yet: %s", inc.id, wait)
                     continue
                 plan = choose_plan(inc, self.policy, self.config, ctx)
                 self.store.save_plan(plan)
@@ -134,8 +137,10 @@ class Healing:
     def _accept_nodes(self, now: float) -> list[Plan]:
         """Start the health check of nodes that are new or back from repair."""
         nodes = self.ctx.cluster.list_nodes()
-        due = candidates(nodes, self._known_nodes, self.store.list_plans(), self.policy)
-        self._known_nodes = {n.name for n in nodes}
+        known, self._known_nodes = self._known_nodes, {n.name for n in nodes}
+        maybe = [n.name for n in nodes if n.taint(UNVALIDATED_TAINT_KEY) or (known is not None and n.name not in known)]
+        # The common round has nothing to check: only those nodes' plans are read from the journal.
+        due = candidates(nodes, known, [p for n in maybe for p in self.store.list_plans(node=n)], self.policy)
         out = []
         for c in due:
             plan = acceptance_plan(c, self.policy, now)
