@@ -6,9 +6,7 @@ from collections.abc import Iterable
 
 from healer.policy_file import RepairKind, Safety
 from healer.records import Plan, StepKind, StepState
-
-OPERATOR_PREFIX = "operator/"
-"""Plans an operator asked for (they are not faults kmend found)."""
+from healer.safety import OPERATOR_POLICY_PREFIX
 
 
 def repair_attempts(plans: Iterable[Plan], since: float, gpu: str | None = None) -> dict[RepairKind, int]:
@@ -29,11 +27,12 @@ def repair_attempts(plans: Iterable[Plan], since: float, gpu: str | None = None)
 
 def hardware_faults(plans: Iterable[Plan], since: float) -> list[float]:
     """When kmend quarantined the node for a fault (operators' quarantines aside), oldest first."""
-    return sorted(p.created_at for p in plans if p.created_at >= since and not p.policy.startswith(OPERATOR_PREFIX)
+    return sorted(p.created_at for p in plans
+                  if p.created_at >= since and not p.policy.startswith(OPERATOR_POLICY_PREFIX)
                   and any(s.kind is StepKind.CORDON and s.state is StepState.SUCCEEDED for s in p.steps))
 
 
-def mtbi_s(faults: list[float], now: float) -> float | None:
+def mtbi_s(faults: list[float]) -> float | None:
     """Mean time between incidents over the faults seen (None with fewer than two)."""
     if len(faults) < 2:
         return None

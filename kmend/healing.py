@@ -165,7 +165,7 @@ class Healing:
                     "state": checks[-1].state.value, "plan": checks[-1].id, "at": checks[-1].created_at,
                     "result": next((x.result for x in checks[-1].steps if x.kind is StepKind.VALIDATE), ""),
                     "history": [{"plan": p.id, "state": p.state.value, "at": p.created_at} for p in checks[-10:]]},
-                "faults_in_window": len(faults), "mtbi_s": mtbi_s(faults, now),
+                "faults_in_window": len(faults), "mtbi_s": mtbi_s(faults),
                 "lemon": lemon_reason(faults, s, counting_this_one=False) or None,
             }
         return out
