@@ -85,8 +85,11 @@ class Correlator:
     """Folds findings into incidents, incrementally and idempotently."""
 
     def __init__(self, *, window_s: float = DEFAULT_WINDOW_S, max_incidents: int = 5000,
-                 bundle: bool = False) -> None:
+                 bundle: bool = False, placement_ttl_s: float | None = None) -> None:
         self.window_s = window_s
+        # A job's hold on a node expires when the node has shown nothing of it for this long (time from the
+        # records): jobs end and others take the node, and an Xid belongs to the job there now.
+        self.placement_ttl_s = window_s if placement_ttl_s is None else placement_ttl_s
         # A log bundle is cut around one failure of one job: there, a cause whose job is unknown may
         # explain any symptom (and vice versa). A live cluster runs many jobs, so it needs a link.
         self.bundle = bundle
@@ -94,20 +97,28 @@ class Correlator:
         self._latest_ts = 0.0
         self._drafts: dict[str, _Draft] = {}
         self._by_finding: dict[str, str] = {}
-        self._job_nodes: dict[str, set[str]] = defaultdict(set)
-        self._node_jobs: dict[str, set[str]] = defaultdict(set)
+        self._job_nodes: dict[str, dict[str, float]] = defaultdict(dict)
+        self._node_jobs: dict[str, dict[str, float]] = defaultdict(dict)
         self._merges: list[tuple[str, str]] = []
 
     # -- placement (job <-> node), learned from signals and findings --------
 
-    def observe_placement(self, job: str, node: str) -> None:
-        """Record that `job` runs (or ran) on `node`."""
-        self._job_nodes[job].add(node)
-        self._node_jobs[node].add(job)
+    def observe_placement(self, job: str, node: str, ts: float | None = None) -> None:
+        """Record that `job` ran on `node` at `ts` (None: for good, as in a log bundle cut around one failure)."""
+        seen = float("inf") if ts is None else ts
+        if seen > self._node_jobs[node].get(job, float("-inf")):
+            self._job_nodes[job][node] = seen
+            self._node_jobs[node][job] = seen
 
-    def jobs_on(self, node: str) -> frozenset[str]:
-        """Jobs seen on a node."""
-        return frozenset(self._node_jobs.get(node, ()))
+    def jobs_on(self, node: str, at: float | None = None) -> frozenset[str]:
+        """Jobs seen on a node (at `at`: those seen within the placement TTL before it)."""
+        jobs = self._node_jobs.get(node, {})
+        if at is None:
+            return frozenset(jobs)
+        return frozenset(j for j, seen in jobs.items() if self._fresh(seen, at))
+
+    def _fresh(self, seen: float, at: float) -> bool:
+        return seen == float("inf") or at - self.placement_ttl_s <= seen
 
     # -- folding -------------------------------------------------------------
 
@@ -120,7 +131,7 @@ class Correlator:
         if known is not None:
             return self._live(known)
         if finding.where.job and finding.where.node:
-            self.observe_placement(finding.where.job, finding.where.node)
+            self.observe_placement(finding.where.job, finding.where.node, finding.ts)
         finding = self._with_inferred_job(finding)
         if finding.is_symptom_class:
             draft = self._cause_for(finding) or self._same_symptom(finding)
@@ -176,6 +187,11 @@ class Correlator:
             for f in d.findings:
                 if self._by_finding.get(f.id) == d.id:
                     del self._by_finding[f.id]
+        for node, jobs in list(self._node_jobs.items()):
+            for job, seen in list(jobs.items()):
+                if seen < before_ts - self.placement_ttl_s:
+                    del jobs[job]
+                    self._job_nodes[job].pop(node, None)
         return len(old)
 
     def get(self, incident_id: str) -> Incident | None:
@@ -195,7 +211,7 @@ class Correlator:
     def _with_inferred_job(self, f: Finding) -> Finding:
         # Kernel lines name no job; if exactly one job runs on the node, it is that job's.
         if f.where.job is None and f.where.node:
-            jobs = self._node_jobs.get(f.where.node, set())
+            jobs = self.jobs_on(f.where.node, at=f.ts)
             if len(jobs) == 1:
                 return replace(f, where=replace(f.where, job=next(iter(jobs))))
         return f
@@ -217,7 +233,8 @@ class Correlator:
         if job is not None:
             if cause.where.job == job:
                 return True
-            if cause.where.node is not None and cause.where.node in self._job_nodes.get(job, ()):
+            seen = self._job_nodes.get(job, {}).get(cause.where.node or "")
+            if seen is not None and self._fresh(seen, max(cause.ts, symptom.ts)):
                 return True
         return self.bundle and (job is None or cause.where.job is None)
 

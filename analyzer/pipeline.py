@@ -18,6 +18,7 @@ from collector.signal import LogLine, ProgressSample, Signal
 _PAYLOAD = operator.attrgetter("payload")
 _JOB = operator.attrgetter("job")
 _NODE = operator.attrgetter("node")
+_TS = operator.attrgetter("ts")
 
 
 def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
@@ -60,8 +61,11 @@ class Analyzer:
 
     def findings(self, signals: Sequence[Signal]) -> list[Finding]:
         """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors)."""
-        for job, node in _placements(signals):
-            self.correlator.observe_placement(job, node)
+        if signals:
+            # One time per batch (its newest record): a batch spans seconds, placements expire in minutes.
+            ts = max(map(_TS, signals))
+            for job, node in _placements(signals):
+                self.correlator.observe_placement(job, node, ts)
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals)

@@ -23,7 +23,7 @@ from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.cluster import Cluster
 from healer.gang.scheduler import GangScheduler
-from healer.keys import FAULT_TAINT_KEY, SPARE_LABEL
+from healer.keys import FAULT_TAINT_KEY, SPARE_LABEL, UNVALIDATED_TAINT_KEY
 from healer.lease import AlwaysLeader
 from healer.notify import Notifier
 from healer.policy import PolicyConfig
@@ -266,17 +266,21 @@ class Kmend:
                 by_node.setdefault(inc.root_cause.node, []).append(inc)
         out: dict[str, dict[str, Any]] = {}
         quarantined = 0
+        records = self.healing.node_records()
         for n in self.cluster.list_nodes():
             fault = next((t.value for t in n.taints if t.key == FAULT_TAINT_KEY), None)
             incs = by_node.get(n.name, [])
             spare = n.labels.get(SPARE_LABEL) == "true"
             state = "quarantined" if fault else ("suspect" if incs else ("spare" if spare else "healthy"))
+            if not fault and n.taint(UNVALIDATED_TAINT_KEY) is not None:
+                state = "unvalidated"
             quarantined += fault is not None
             out[n.name] = {
                 "state": state, "cordoned": n.unschedulable, "fault": fault,
                 "taints": [f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}" for t in n.taints],
                 "incidents": [i.id for i in incs],
                 "conditions": {c.type: c.status for c in n.conditions},
+                **records.get(n.name, {"validation": None, "faults_in_window": 0, "mtbi_s": None, "lemon": None}),
             }
         self.metrics.nodes_quarantined.set(quarantined)
         return out

@@ -73,7 +73,7 @@ def test_plan_waits_for_approval_and_runs_when_approved(tmp_path: Path) -> None:
         assert s.client.post(f"/v1/plans/{plan['id']}/approve").status_code == 401
         assert s.client.post(f"/v1/plans/{plan['id']}/approve", headers=AGENT).status_code == 401
         preview = s.client.post(f"/v1/plans/{plan['id']}/execute", params={"dry_run": "true"}, headers=OP).json()
-        assert preview["dry_run"] and preview["would"][0]["would"] == "cordon gpu-node-03"
+        assert preview["dry_run"] and preview["would"][1]["would"] == "cordon gpu-node-03"
         assert not s.world.cluster.get_node("gpu-node-03").unschedulable and s.world.applied() == []
         r = s.client.post(f"/v1/plans/{plan['id']}/approve", headers=OP)
         assert r.status_code == 200 and r.json()["state"] == "running"

@@ -253,3 +253,16 @@ def test_pods_carry_their_owner(env: Env) -> None:
     pods = {p.name: p for p in env.workloads.list_pods(namespace=env.namespace, selector={"app": "train"})}
     assert pods["owned-1"].controller == OwnerRef("kubeflow.org/v1", "PyTorchJob", "llama", True)
     assert pods["owned-0"].controller is None
+
+
+def test_the_jobs_bound_to_a_node_now_are_listed_across_namespaces(env: Env) -> None:
+    from healer.jobs import jobs_bound
+
+    env.make_pod("llama-0", {"training.kubeflow.org/job-name": "llama"})
+    env.make_pod("old-0", {"training.kubeflow.org/job-name": "old-run"})
+    env.make_pending_pod("queued-0", {"training.kubeflow.org/job-name": "queued"})
+    assert jobs_bound(env.workloads.list_pods(node=env.node)) == ["llama", "old-run"]
+    env.workloads.delete_pod(env.namespace, "old-0", 30)  # terminating: no longer the node's job
+    assert jobs_bound(env.workloads.list_pods(node=env.node)) == ["llama"]
+    env.finish("old-0")
+    assert jobs_bound(env.workloads.list_pods(node="another-node")) == []
