@@ -78,6 +78,7 @@ class Kmend:
         hang: HangConfig | None = None,
         straggler: StragglerConfig | None = None,
         flight_recorder_settle_s: float = 10.0,
+        checkpoint_roots: Sequence[str] | None = None,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -96,7 +97,8 @@ class Kmend:
         self._next_evaluation = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
-                          reservations=scheduler.reservations if scheduler else None)
+                          reservations=scheduler.reservations if scheduler else None,
+                          checkpoint_roots=tuple(checkpoint_roots) if checkpoint_roots is not None else None)
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
                                symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
         self._lock = threading.RLock()

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     sim_spares: int = Field(2, description="nodes of the simulated cluster that form the spare pool")
     sim_job_nodes: int = Field(0, description="nodes a simulated PyTorchJob runs on (0: none)")
     sim_checkpoint_path: str = ""
+    checkpoint_roots: list[Path] = Field(default_factory=list, description=(
+        "directories a job's checkpoint path (annotation kmend.io/checkpoint-path) must lie under; "
+        "empty: checkpoint discovery is refused"))
     sim_state_file: Path | None = Field(None, description="keep the simulated cluster in this file across restarts")
     sim_crash_after: int | None = Field(None, description="fault injection: SIGKILL after the N-th applied change")
     sim_crash_before: int | None = Field(None, description="fault injection: SIGKILL before the N-th change lands")

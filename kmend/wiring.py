@@ -161,6 +161,9 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
                                   persistence=settings.straggler_persistence),
         flight_recorder_settle_s=settings.flight_recorder_settle_s,
+        # The simulated job's own checkpoint path is configured by the operator too: it is allowed.
+        checkpoint_roots=[str(p) for p in settings.checkpoint_roots]
+        + ([settings.sim_checkpoint_path] if settings.sim_checkpoint_path else []),
     )
     elector = kmend.healing.leader
     if isinstance(elector, LeaderElector):

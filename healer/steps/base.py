@@ -80,6 +80,8 @@ class StepContext:
     """YAML of the validation Job template ('' when none is configured)."""
     reservations: ReservationBook | None = None
     """Capacity holds read by the gang scheduler (None when it does not run)."""
+    checkpoint_roots: tuple[str, ...] | None = None
+    """Directories checkpoint searches must stay under (None: unrestricted, for tests and tools)."""
 
 
 @dataclass(frozen=True, slots=True)

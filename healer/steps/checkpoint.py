@@ -35,7 +35,7 @@ def checkpoint(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
         path = step.params.get("default_path", "").format(namespace=ns, job=job)
     if not path:
         return skipped(f"no checkpoint path for {job} (annotation {CHECKPOINT_PATH} or policy checkpoint_path)")
-    found = discover(Path(path))
+    found = discover(Path(path), roots=ctx.checkpoint_roots)
     passed = "; ".join(f"skipped {p}: {why}" for p, why in found.skipped[:5])
     if found.latest is None:
         return skipped(f"no complete checkpoint under {path}; the job starts from scratch"
