@@ -22,6 +22,7 @@ from kmend.api import (
     signals,
     spares,
 )
+from kmend.api.limits import BodyLimit
 from kmend.service import Kmend
 from kmend.settings import Settings
 
@@ -58,6 +59,8 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
     app = FastAPI(title="kmend", version="0.1.0", lifespan=lifespan)
     app.state.kmend = kmend
     app.state.settings = settings
+    # Outermost: every body is bounded while it is read, before any route or JSON parser sees it.
+    app.add_middleware(BodyLimit, max_bytes=settings.max_batch_bytes)
     for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
               nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router):
         app.include_router(r)

@@ -21,7 +21,7 @@ async def ingest_fluentbit(request: Request, kmend: KmendDep, settings: Settings
     """Map Fluent Bit records to signals and ingest them; a retried POST is harmless."""
     body = await read_body(request, settings.max_batch_bytes)
     try:
-        records = parse_payload(body)
+        records = parse_payload(body, max_records=settings.max_records)
     except ValueError as exc:
         kmend.metrics.rejected.inc()
         raise HTTPException(422, f"batch rejected: {exc}") from exc

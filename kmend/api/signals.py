@@ -17,7 +17,11 @@ router = APIRouter(prefix="/v1", tags=["ingest"])
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """Request body, gunzipped when sent with Content-Encoding: gzip, bounded in size."""
+    """Request body, gunzipped when sent with Content-Encoding: gzip, bounded in size.
+
+    The raw body is already bounded by the BodyLimit middleware; gzip is inflated at most
+    `limit` + 1 bytes, so a small bomb never expands in memory past the limit.
+    """
     raw = await request.body()
     if request.headers.get("content-encoding", "").lower() == "gzip":
         try:
@@ -25,8 +29,10 @@ async def read_body(request: Request, limit: int) -> bytes:
             raw = d.decompress(raw, limit + 1)
         except (zlib.error, gzip.BadGzipFile) as exc:
             raise HTTPException(400, f"body is not valid gzip: {exc}") from exc
+        if len(raw) <= limit and not d.eof:
+            raise HTTPException(400, "body is not valid gzip: truncated stream")
     if len(raw) > limit:
-        raise HTTPException(413, f"batch larger than {limit} bytes")
+        raise HTTPException(413, f"batch larger than {limit} bytes (setting KMEND_MAX_BATCH_BYTES)")
     return raw
 
 
