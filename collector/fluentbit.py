@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ class FluentBitOptions:
     """Offsets database and filesystem buffer, on a hostPath so restarts lose nothing."""
     kmsg: bool = True
     """Read the kernel log."""
+    retry_limit: int = 20
+    """Retries of one flush before Fluent Bit drops it (never unbounded: see render_config)."""
 
 
 def render_config(
@@ -105,7 +108,11 @@ def render_config(
         "json_date_format": "double",
         "compress": "gzip",
         "tls": options.tls,
-        "retry_limit": False,
+        # Bounded: Fluent Bit retries a flush on any non-2xx, so a 4xx would otherwise be sent forever.
+        # The service answers 2xx for a flush with bad records (it keeps the good ones), so this only
+        # ends retries of a body the service can never take; 20 retries with the scheduler's
+        # backoff still ride out hours of outage.
+        "retry_limit": options.retry_limit,
     }
     if options.token_env:
         output["header"] = [f"Authorization Bearer ${{{options.token_env}}}"]
@@ -155,7 +162,7 @@ def dump_configmap(config_text: str, *, name: str = "kmend-fluent-bit", namespac
 
 def _ts(record: Mapping[str, Any], now: float) -> float:
     raw = record.get("date")
-    if isinstance(raw, int | float) and raw > 0:
+    if isinstance(raw, int | float) and raw > 0 and math.isfinite(raw):
         return float(raw)
     parse = TimestampParser()
     for key in ("date", "time"):
@@ -186,7 +193,8 @@ def record_to_signal(record: Mapping[str, Any], *, default_node: str | None, now
         text = next((record[k] for k in ("log", "message", "msg") if isinstance(record.get(k), str)), None)
     if not isinstance(text, str) or not text:
         return None
-    text = text.rstrip("\n")[:65536]
+    # Log lines are raw bytes from the node: a NUL in one is content, kept visible, never stored as NUL.
+    text = text.rstrip("\n")[:65536].replace("\x00", "\ufffd")
     node = record.get("node") or k8s.get("host") or record.get("hostname") or default_node
     if not isinstance(node, str) or not node or node.startswith("${"):
         node = default_node

@@ -4,6 +4,12 @@ Order is kept: while anything waits in the spool, new batches go behind it,
 and the spool is replayed oldest first before anything new is posted. A batch
 is either accepted, spooled or (only when the service rejects it as malformed,
 or the spool drops it past its cap) dropped and counted — never lost silently.
+
+The service refuses a malformed batch whole with a 4xx naming the field. Such a batch
+would be refused again on every retry, so it is never retried: it is set aside in the
+spool's quarantine folder (the newest few are kept for inspection), counted, and the
+batches behind it go on. Only "try later" answers (5xx, 408, 429) and a wrong token
+(401/403, fixed by an operator) keep a batch in the spool.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import time
 from collections.abc import Sequence
 from enum import Enum
+from typing import Any
 
 import httpx
 
@@ -34,9 +41,22 @@ class Outcome(Enum):
     UNAVAILABLE = "unavailable"
 
 
+_RETRY_LATER = frozenset({401, 403, 408, 429})
+"""4xx answers that change without the batch changing: token fixed, timeout, rate limit."""
+
+
+def _wire(sig: Signal) -> dict[str, Any]:
+    out = to_wire(sig)
+    text = out["payload"].get("text")
+    if isinstance(text, str) and "\x00" in text:
+        # A NUL read from a log is content, but no store can hold it: shown as U+FFFD instead.
+        out["payload"]["text"] = text.replace("\x00", "\ufffd")
+    return out
+
+
 def encode_batch(signals: Sequence[Signal]) -> bytes:
     """The gzip-compressed JSON body of ``POST /v1/signals``."""
-    doc = {"signals": [to_wire(s) for s in signals]}
+    doc = {"signals": [_wire(s) for s in signals]}
     return gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=5)
 
 
@@ -77,8 +97,9 @@ class Shipper:
             return Outcome.UNAVAILABLE
         if resp.is_success:
             return Outcome.ACCEPTED
-        if resp.status_code in (400, 413, 422):
-            log.error("service rejected a batch (%s): %s", resp.status_code, resp.text[:500])
+        if 400 <= resp.status_code < 500 and resp.status_code not in _RETRY_LATER:
+            log.error("service rejected a batch (%s), quarantined, not retried: %s", resp.status_code,
+                      resp.text[:500])
             return Outcome.REJECTED
         # 401/403 too: a wrong token is fixed by an operator, and the spool waits for it.
         log.warning("service answered %s; spooling", resp.status_code)
@@ -109,10 +130,11 @@ class Shipper:
                 self._failed()
                 return False
             self._ok()
-            self.spool.pop(batch)
             if outcome is Outcome.ACCEPTED:
+                self.spool.pop(batch)
                 self.metrics.shipped.inc(batch.count)
             else:
+                self.spool.quarantine_batch(batch)
                 self.metrics.dropped.labels("rejected").inc(batch.count)
             self._update_gauges()
         return self.spool.peek() is None
@@ -131,6 +153,7 @@ class Shipper:
                 return
             if outcome is Outcome.REJECTED:
                 self._ok()
+                self.spool.quarantine(body, len(signals))
                 self.metrics.dropped.labels("rejected").inc(len(signals))
                 return
             self._failed()

@@ -98,6 +98,27 @@ class DiskSpool:
         """A batch's body."""
         return batch.path.read_bytes()
 
+    @property
+    def quarantine_dir(self) -> Path:
+        """Where batches the service refused as malformed are set aside (never retried)."""
+        return self.directory / "quarantine"
+
+    def quarantine(self, body: bytes, count: int, *, keep: int = 16) -> Path:
+        """Set a refused batch aside for inspection, keeping only the newest `keep`."""
+        q = self.quarantine_dir
+        q.mkdir(exist_ok=True)
+        seq = max((int(m.group(1)) for e in os.listdir(q) if (m := _NAME.match(e))), default=-1) + 1
+        path = q / f"{seq:020d}-{count}.json.gz"
+        path.write_bytes(body)
+        for old in sorted(e for e in os.listdir(q) if _NAME.match(e))[:-keep]:
+            (q / old).unlink(missing_ok=True)
+        return path
+
+    def quarantine_batch(self, batch: SpooledBatch) -> None:
+        """Move a spooled batch the service refused into quarantine."""
+        self.quarantine(self.read(batch), batch.count)
+        self.pop(batch)
+
     def pop(self, batch: SpooledBatch) -> None:
         """Remove a batch once it was delivered."""
         if self._batches and self._batches[0] == batch:

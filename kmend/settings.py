@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     notify_webhook_url: str | None = None
     alertmanager_url: str | None = Field(None, description="Alertmanager base URL: notifications POST /api/v2/alerts")
     max_batch_bytes: int = 32 * 1024 * 1024
+    max_clock_skew_s: float = Field(300.0, description=(
+        "a signal stamped further ahead of the server's clock takes the server's time (the sent time is kept)"))
     max_records: int = Field(50_000, description="records one Fluent Bit request may carry (larger: 422)")
     policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
     operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")

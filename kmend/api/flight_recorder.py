@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from analyzer.detectors.flight_recorder import DumpError
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
-from kmend.api.signals import read_body
+from kmend.api.signals import check_node_param, read_body
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 
@@ -27,6 +27,9 @@ async def ingest_flight_recorder(
     are judged together once they stop arriving, and the finding names the ranks
     that never joined the stuck collective.
     """
+    check_node_param(node)
+    if "\x00" in job:
+        raise HTTPException(422, "query parameter 'job': contains a NUL character")
     body = await read_body(request, settings.max_batch_bytes)
     try:
         kmend.ingest_flight_recorder(job, rank, node, body)

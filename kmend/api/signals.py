@@ -10,8 +10,12 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
+from collector.signal import Signal
+from collector.validate import bound_time, node_name_problem
 from collector.wire import SignalBatch, to_record
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
+from kmend.service import Kmend
+from kmend.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 
@@ -36,6 +40,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     return raw
 
 
+def server_timed(signals: list[Signal], kmend: Kmend, settings: Settings) -> list[Signal]:
+    """Signals with times no further ahead of the server's clock than the skew window (sent time kept)."""
+    now = kmend.clock()
+    return [bound_time(s, now, settings.max_clock_skew_s) for s in signals]
+
+
+def check_node_param(node: str | None, name: str = "node") -> None:
+    """422 naming the query parameter when it is not a Kubernetes node name."""
+    if node is not None and (why := node_name_problem(node)) is not None:
+        raise HTTPException(422, f"query parameter {name!r}: {why}")
+
+
 def validation_response(exc: ValidationError) -> JSONResponse:
     """422 naming every bad field as a dotted path (``signals.3.payload.text``)."""
     errors = [{"field": ".".join(str(p) for p in e["loc"]), "msg": e["msg"], "type": e["type"]}
@@ -56,7 +72,7 @@ async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDe
     except ValidationError as exc:
         kmend.metrics.rejected.inc()
         return validation_response(exc)
-    outcome = kmend.ingest([to_record(s) for s in batch.signals])
+    outcome = kmend.ingest(server_timed([to_record(s) for s in batch.signals], kmend, settings))
     return {
         "accepted": outcome.accepted,
         "duplicates": outcome.duplicates,
