@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     max_records: int = Field(50_000, description="records one Fluent Bit request may carry (larger: 422)")
     policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
     operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")
+    reader_token: SecretStr | None = Field(None, description="bearer token for GET routes and /metrics (read-only)")
+    token_review: bool = Field(False, description="also accept Kubernetes tokens, checked with TokenReview")
+    token_review_audiences: list[str] = Field(default_factory=list, description="audiences TokenReview checks")
+    token_review_ingest: list[str] = Field(default_factory=list, description="users/groups that may ingest")
+    token_review_readers: list[str] = Field(default_factory=list, description="users/groups that may read")
+    token_review_operators: list[str] = Field(default_factory=list, description="users/groups that may operate")
     health_check_template: Path | None = Field(None, description="validation Job template (deploy/healthcheck/)")
     namespace: str = Field("kmend-system", description="namespace of kmend's own objects (health checks, Lease)")
     lease_name: str = "kmend-healer"
@@ -71,4 +77,8 @@ class Settings(BaseSettings):
         if self.operator_token is not None and self.ingest_token is not None \
                 and self.operator_token.get_secret_value() == self.ingest_token.get_secret_value():
             raise ValueError("operator_token must differ from ingest_token: collectors must not run runbooks")
+        if self.reader_token is not None and any(
+                t is not None and t.get_secret_value() == self.reader_token.get_secret_value()
+                for t in (self.ingest_token, self.operator_token)):
+            raise ValueError("reader_token must differ from ingest_token and operator_token")
         return self

@@ -18,6 +18,7 @@ from healer.gang.config import SchedulerConfig
 from healer.gang.metrics import SchedulerMetrics
 from healer.gang.port import PodScheduling
 from healer.gang.scheduler import GangScheduler
+from healer.identity import TokenReviewer
 from healer.lease import AlwaysLeader, LeaderElector, Leases
 from healer.notify import AlertmanagerNotifier, FanOut, LogNotifier, Notifier, WebhookNotifier
 from healer.policy import PolicyConfig
@@ -169,3 +170,31 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     if isinstance(elector, LeaderElector):
         elector.on_change = lambda lease: store.ledger.lease_seen(lease, settings.lease_name)
     return kmend
+
+
+def make_token_reviewer(settings: Settings) -> TokenReviewer | None:
+    """The TokenReview client when ``token_review`` is on (the Kubernetes adapter), else None."""
+    if not settings.token_review:
+        return None
+    from healer.kube_tokenreview import KubeTokenReviewer  # only here: the default needs no client
+
+    in_cluster = settings.in_cluster or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    return KubeTokenReviewer.from_config(settings.kubeconfig, in_cluster=in_cluster,
+                                         audiences=settings.token_review_audiences)
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def listen_host(settings: Settings) -> str:
+    """Where ``kmend serve`` listens: the configured host, or loopback only while the API is open."""
+    from kmend.api.deps import auth_open  # the web stack, only for `kmend serve`
+
+    if not auth_open(settings):
+        return settings.host
+    log.warning(
+        "NO API TOKENS CONFIGURED: anyone who reaches the port can read incidents, quarantine nodes and reset "
+        "the breaker. Listening on 127.0.0.1 only%s. Set KMEND_INGEST_TOKEN, KMEND_READER_TOKEN and "
+        "KMEND_OPERATOR_TOKEN (or KMEND_TOKEN_REVIEW=true) to serve other hosts.",
+        "" if settings.host in LOOPBACK else f" (not {settings.host})")
+    return settings.host if settings.host in LOOPBACK else "127.0.0.1"

@@ -23,14 +23,15 @@ def run(args: argparse.Namespace) -> int:
 
     from kmend.app import create_app
     from kmend.settings import Settings
-    from kmend.wiring import make_kmend
+    from kmend.wiring import listen_host, make_kmend, make_token_reviewer
 
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "database_url": args.database_url,
         "cluster": args.cluster, "dry_run": args.dry_run,
     }.items() if v is not None}
     settings = Settings(**overrides)
+    host = listen_host(settings)  # loopback only (and a loud warning) while no token is configured
     kmend = make_kmend(settings)
-    app = create_app(kmend, settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    app = create_app(kmend, settings, token_reviewer=make_token_reviewer(settings))
+    uvicorn.run(app, host=host, port=settings.port, log_level="info")
     return 0
