@@ -18,16 +18,16 @@ import gzip
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
 import httpx
 
 from collector.metrics import AgentMetrics
-from collector.signal import Signal
+from collector.signal import LogLine, Signal
 from collector.sources.base import Clock
-from collector.spool import DiskSpool
+from collector.spool import DiskSpool, Value
 from collector.wire import to_wire
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,11 @@ def encode_batch(signals: Sequence[Signal]) -> bytes:
     return gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=5)
 
 
+def telemetry_or_symptom(sig: Signal) -> Value:
+    """The default value of a signal: log lines over progress and metric samples."""
+    return Value.SYMPTOM if isinstance(sig.payload, LogLine) else Value.TELEMETRY
+
+
 class Shipper:
     """Posts batches with a bearer token; falls back to the spool with backoff."""
 
@@ -74,19 +79,22 @@ class Shipper:
         timeout: float = 5.0,
         clock: Clock = time.monotonic,
         max_backoff: float = 10.0,
+        value_of: Callable[[Signal], Value] = telemetry_or_symptom,
     ) -> None:
         self.url = url.rstrip("/") + "/v1/signals"
         self.spool = spool
         self.metrics = metrics
         self.clock = clock
         self.max_backoff = max_backoff
+        self.value_of = value_of
+        """What a signal is worth keeping through an outage (the agent marks cause lines)."""
         self._client = client or httpx.Client(timeout=timeout)
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._backoff = 0.0
         self._retry_at = 0.0
-        self._dropped_seen = spool.dropped_signals
+        self._dropped_seen = dict(spool.dropped_by_value)
         self._update_gauges()
 
     def _post(self, body: bytes) -> Outcome:
@@ -139,33 +147,45 @@ class Shipper:
             self._update_gauges()
         return self.spool.peek() is None
 
-    def deliver(self, signals: Sequence[Signal]) -> None:
-        """Ship a batch, or spool it; returns once it is one or the other."""
+    def deliver(self, signals: Sequence[Signal]) -> list[Signal]:
+        """Ship a batch, or spool it; returns the signals that could be neither (the spool is full of
+        signals worth as much), which the caller must keep and offer again."""
         if not signals:
             self.replay()
-            return
-        body = encode_batch(signals)
+            return []
         if self.replay():
+            body = encode_batch(signals)
             outcome = self._post(body)
             if outcome is Outcome.ACCEPTED:
                 self._ok()
                 self.metrics.shipped.inc(len(signals))
-                return
+                return []
             if outcome is Outcome.REJECTED:
                 self._ok()
                 self.spool.quarantine(body, len(signals))
                 self.metrics.dropped.labels("rejected").inc(len(signals))
-                return
+                return []
             self._failed()
-        self.spool.put(body, len(signals))
-        self.metrics.spooled.inc(len(signals))
+        by_value: dict[Value, list[Signal]] = {}
+        for sig in signals:
+            by_value.setdefault(self.value_of(sig), []).append(sig)
+        refused: list[Signal] = []
+        for value in sorted(by_value, reverse=True):  # the most valuable part is offered room first
+            part = by_value[value]
+            if self.spool.put(encode_batch(part), len(part), value):
+                self.metrics.spooled.inc(len(part))
+            else:
+                refused.extend(part)
         self._update_gauges()
+        held = {id(s) for s in refused}
+        return [s for s in signals if id(s) in held]
 
     def _update_gauges(self) -> None:
-        dropped = self.spool.dropped_signals - self._dropped_seen
-        if dropped:
-            self.metrics.dropped.labels("spool_full").inc(dropped)
-            self._dropped_seen = self.spool.dropped_signals
+        for value, total in self.spool.dropped_by_value.items():
+            new = total - self._dropped_seen.get(value, 0)
+            if new:
+                self.metrics.dropped.labels(f"spool_full_{value.name.lower()}").inc(new)
+                self._dropped_seen[value] = total
         self.metrics.spool_bytes.set(self.spool.size_bytes)
         self.metrics.spool_batches.set(len(self.spool))
 

@@ -12,6 +12,7 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -30,13 +31,14 @@ from collector.podmeta import KubeApiPodMetadata
 from collector.prefilter import RegexPrefilter
 from collector.progress_file import ProgressFileSource
 from collector.shipper import Shipper
+from collector.signal import LogLine, Signal
 from collector.sources.base import SignalSource
 from collector.sources.cri import CriLogSource
 from collector.sources.dcgm import DcgmSource, http_fetcher
 from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
-from collector.spool import DiskSpool
+from collector.spool import DiskSpool, Value
 
 log = logging.getLogger("kmend.agent")
 
@@ -104,6 +106,24 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
                           + list(settings.prefilter_extra))
 
 
+def build_value_of(settings: AgentSettings) -> Callable[[Signal], Value]:
+    """What a signal is worth keeping through an outage: lines a cause rule matches (an Xid) over lines
+    other fault rules match (the symptoms), over everything else (progress lines, metrics)."""
+    rules = load_rules(settings.rules_dirs)
+    causes = RegexPrefilter([r.pattern for r in rules if not r.symptom_of], use_hyperscan=False)
+    faults = RegexPrefilter([r.pattern for r in rules if r.symptom_of], use_hyperscan=False)
+
+    def value_of(sig: Signal) -> Value:
+        text = sig.payload.text if isinstance(sig.payload, LogLine) else None
+        if text is None:
+            return Value.TELEMETRY
+        if causes.matches(text):
+            return Value.CAUSE
+        return Value.SYMPTOM if faults.matches(text) else Value.TELEMETRY
+
+    return value_of
+
+
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
     """An agent for these settings, resuming from the checkpoint in ``state_dir``."""
     metrics = metrics or AgentMetrics()
@@ -145,7 +165,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
         sources.append(DcgmSource(node=node, fetch=http_fetcher(settings.dcgm_url),
                                   interval=settings.metrics_interval))
     spool = DiskSpool(settings.state_dir / "spool", max_bytes=settings.spool_max_bytes)
-    shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics)
+    shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics,
+                      value_of=build_value_of(settings))
     log.info("agent on %s: sources %s, prefilter %s", node, [s.name for s in sources],
              prefilter.engine if prefilter else "off")
     return Agent(sources=sources, shipper=shipper, checkpoints=checkpoints, metrics=metrics,
