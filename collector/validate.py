@@ -13,8 +13,10 @@ from dataclasses import replace
 
 from collector.signal import LogLine, MetricSample, ProgressSample, Signal
 
-_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
+_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+NODE_NAME_PATTERN = rf"^{_LABEL}(?:\.{_LABEL})*$"
+"""A DNS-1123 subdomain with labels of at most 63 characters (length checked apart: at most 253)."""
+_SUBDOMAIN = re.compile(NODE_NAME_PATTERN)
 MAX_NODE_NAME = 253
 
 
@@ -24,10 +26,10 @@ def node_name_problem(name: str) -> str | None:
         return "must not be empty"
     if len(name) > MAX_NODE_NAME:
         return f"longer than {MAX_NODE_NAME} characters"
-    if not _SUBDOMAIN.fullmatch(name):
-        return "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', starting and ending alphanumeric)"
     if any(len(label) > 63 for label in name.split(".")):
         return "has a label longer than 63 characters"
+    if not _SUBDOMAIN.match(name):
+        return "must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', starting and ending alphanumeric)"
     return None
 
 

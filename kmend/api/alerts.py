@@ -8,25 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException
 
 from collector.alertmanager import WebhookIn, alert_to_signal
 from collector.signal import Signal
 from collector.validate import signal_problem
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
-from kmend.api.signals import check_node_param, server_timed
+from kmend.api.signals import REJECTED, NodeQuery, server_timed
 
 router = APIRouter(prefix="/v1/alerts", tags=["alerts"])
 
 
-@router.post("/alertmanager", dependencies=[IngestAuth])
-def alertmanager_webhook(payload: WebhookIn, kmend: KmendDep, settings: SettingsDep,
-                         node: str | None = Query(None, description="node for alerts whose labels name none")
+@router.post("/alertmanager", dependencies=[IngestAuth], responses={400: REJECTED, 413: REJECTED, 422: REJECTED})
+def alertmanager_webhook(payload: WebhookIn, kmend: KmendDep, settings: SettingsDep, node: NodeQuery = None
                          ) -> dict[str, Any]:
     """Firing and resolved alerts become ``alert`` signals; a re-sent notification is harmless."""
     if payload.version != "4":
         raise HTTPException(422, f"unsupported webhook version {payload.version!r} (expected \"4\")")
-    check_node_param(node)
     now = kmend.clock()
     signals: list[Signal] = []
     problems: list[dict[str, Any]] = []

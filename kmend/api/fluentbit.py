@@ -10,24 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Request
 
 from collector.fluentbit import parse_payload, record_to_signal
 from collector.signal import Signal
 from collector.validate import signal_problem
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
-from kmend.api.signals import check_node_param, read_body, server_timed
+from kmend.api.signals import REJECTED, NodeQuery, read_body, server_timed
 
 router = APIRouter(prefix="/v1/ingest", tags=["ingest"])
 
 
-@router.post("/fluentbit", dependencies=[IngestAuth],
-             responses={422: {"description": "body is not JSON lines or a JSON array of objects"}})
-async def ingest_fluentbit(request: Request, kmend: KmendDep, settings: SettingsDep,
-                           node: str | None = Query(None, description="node for records that name none")
+@router.post("/fluentbit", dependencies=[IngestAuth], responses={400: REJECTED, 413: REJECTED, 422: REJECTED})
+async def ingest_fluentbit(request: Request, kmend: KmendDep, settings: SettingsDep, node: NodeQuery = None
                            ) -> dict[str, Any]:
     """Map Fluent Bit records to signals and ingest them; a retried POST is harmless."""
-    check_node_param(node)
     body = await read_body(request, settings.max_batch_bytes)
     try:
         records = parse_payload(body, max_records=settings.max_records)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from collector.signal import Signal
-from collector.validate import bound_time, node_name_problem
+from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN, bound_time
 from collector.wire import SignalBatch, to_record
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
 from kmend.service import Kmend
@@ -46,10 +46,19 @@ def server_timed(signals: list[Signal], kmend: Kmend, settings: Settings) -> lis
     return [bound_time(s, now, settings.max_clock_skew_s) for s in signals]
 
 
-def check_node_param(node: str | None, name: str = "node") -> None:
-    """422 naming the query parameter when it is not a Kubernetes node name."""
-    if node is not None and (why := node_name_problem(node)) is not None:
-        raise HTTPException(422, f"query parameter {name!r}: {why}")
+NodeQuery = Annotated[str | None, Query(description="node for records that name none (a Kubernetes node name)",
+                                        min_length=1, max_length=MAX_NODE_NAME, pattern=NODE_NAME_PATTERN)]
+"""The ``node`` query parameter: checked (and documented) as a Kubernetes node name."""
+
+
+class Rejected(BaseModel):
+    """A refused request: ``detail`` names the field (text), or is FastAPI's list of validation errors."""
+
+    detail: str | list[dict[str, Any]]
+    errors: list[dict[str, Any]] = []
+
+
+REJECTED = {"model": Rejected, "description": "refused; the detail names the field"}
 
 
 def validation_response(exc: ValidationError) -> JSONResponse:
@@ -63,7 +72,7 @@ def validation_response(exc: ValidationError) -> JSONResponse:
     })
 
 
-@router.post("/signals", dependencies=[IngestAuth], responses={422: {"description": "malformed batch"}})
+@router.post("/signals", dependencies=[IngestAuth], responses={400: REJECTED, 413: REJECTED, 422: REJECTED})
 async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDep) -> Any:
     """Store and analyze a batch of signals. Repeated ids are accepted and ignored."""
     body = await read_body(request, settings.max_batch_bytes)
