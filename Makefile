@@ -40,7 +40,7 @@ test: lint typecheck unit
 # (0 5xx, 0 schema violations), then the hostile-input suite (payloads, rules, checkpoints, auth, spool, time).
 fuzz: $(VENV)/.installed-dev
 	$(BIN)/python bench/fuzz.py --max-examples $${FUZZ_EXAMPLES:-50}
-	$(BIN)/pytest -q tests/test_hostile_*.py
+	$(BIN)/pytest -q tests/test_hostile_*.py tests/test_agent_e2e.py
 
 bench: $(VENV)/.installed
 	@for b in bench/*.py; do $(BIN)/python $$b; done
