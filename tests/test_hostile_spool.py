@@ -28,7 +28,7 @@ def _value(metrics: AgentMetrics, name: str, **labels: str) -> float:
 
 
 def test_values_come_from_the_rule_packs() -> None:
-    value_of = build_value_of(AgentSettings(node_name="gpu-node-01"))
+    value_of = build_value_of(AgentSettings(node="gpu-node-01"))
 
     def line(text: str) -> Signal:
         return Signal("n/1", "gpu-node-01", Source.CONTAINER, 1.0, LogLine(text))

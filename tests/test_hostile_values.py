@@ -167,3 +167,13 @@ def test_fluent_bit_never_retries_a_flush_forever() -> None:
 def test_wire_round_trip_is_unchanged_for_good_signals() -> None:
     sig = Signal("n/1", "gpu-node-01", Source.KERNEL, 1.0, LogLine("Xid 79"))
     assert to_wire(sig)["node"] == "gpu-node-01" and "sent_ts" not in to_wire(sig)
+
+
+def test_the_agent_refuses_to_start_with_a_node_name_kubernetes_could_not_have() -> None:
+    from pydantic import ValidationError
+
+    from kmend.commands.agent import AgentSettings
+
+    with pytest.raises(ValidationError, match="NODE_NAME"):
+        AgentSettings(node="GPU_Node_01")
+    assert AgentSettings(node="gpu-node-01.example.internal").node == "gpu-node-01.example.internal"

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
@@ -39,6 +39,7 @@ from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
 from collector.spool import DiskSpool, Value
+from collector.validate import node_name_problem
 
 log = logging.getLogger("kmend.agent")
 
@@ -83,6 +84,14 @@ class AgentSettings(BaseSettings):
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
+
+    @field_validator("node")
+    @classmethod
+    def _kubernetes_node_name(cls, node: str) -> str:
+        # The service refuses every batch from a node name Kubernetes could not have: say so at start.
+        if (why := node_name_problem(node)) is not None:
+            raise ValueError(f"{node[:80]!r} {why} (set NODE_NAME or KMEND_AGENT_NODE to the node's name)")
+        return node
 
     def bearer(self) -> str | None:
         """The token, from the file when one is given (re-read at start)."""
