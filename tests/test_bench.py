@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -24,3 +26,15 @@ def test_rule_benchmark_prints_one_json_object_per_result() -> None:
     assert fast["findings"] == lines["findings"] == fast["fault_lines"] > 0
     assert naive["measured_on_subset"] is True
     assert all(r["mb_per_s_per_core"] > 0 and r["lines_per_s_per_core"] > 0 for r in results)
+
+
+@pytest.mark.slow
+def test_fuzz_campaign_finds_no_server_error_and_no_schema_violation() -> None:
+    if not (Path(sys.executable).parent / "st").exists():
+        pytest.skip("schemathesis is not installed")
+    proc = subprocess.run([sys.executable, "bench/fuzz.py", "--max-examples", "5"], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, result
+    assert result["operations_tested"] == result["operations"] >= 20
+    assert result["failures"] == result["errors"] == 0
