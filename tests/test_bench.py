@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,12 +30,15 @@ def test_rule_benchmark_prints_one_json_object_per_result() -> None:
 
 
 @pytest.mark.slow
-def test_fuzz_campaign_finds_no_server_error_and_no_schema_violation() -> None:
+def test_fuzz_campaign_finds_no_server_error_and_no_schema_violation(database_url: str) -> None:
     if not (Path(sys.executable).parent / "st").exists():
         pytest.skip("schemathesis is not installed")
-    proc = subprocess.run([sys.executable, "bench/fuzz.py", "--max-examples", "5"], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    examples = os.environ.get("KMEND_FUZZ_EXAMPLES", "5")
+    proc = subprocess.run([sys.executable, "bench/fuzz.py", "--max-examples", examples, "--database-url", database_url],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, result
     assert result["operations_tested"] == result["operations"] >= 20
     assert result["failures"] == result["errors"] == 0
+    print(json.dumps({k: result[k] for k in ("operations", "max_examples", "seconds")}
+                     | {"cases": [r["summary"] for r in (result["ingest_token_run"], result["operator_token_run"])]}))
