@@ -158,7 +158,9 @@ class Correlator:
             touched.setdefault(old, self._drafts[old])
         out = [self._view(d) for d in touched.values()]
         if len(self._drafts) > self.max_incidents:
-            # Bounded memory: long-quiet incidents can no longer attract findings anyway.
+            # Bounded memory: long-quiet finished incidents can no longer attract findings anyway. Live ones
+            # stay whatever the times say: finding times come from senders' clocks (bounded by the service's
+            # clock at its edge), and no timestamp may make kmend forget an incident it is still healing.
             self.prune(self._latest_ts - 3 * self.window_s)
         return out
 
@@ -180,8 +182,14 @@ class Correlator:
         return [self._view(d) for d in sorted(live, key=lambda d: d.first_ts)]
 
     def prune(self, before_ts: float) -> int:
-        """Forget incidents last updated before `before_ts` (they live on in the store); returns how many."""
-        old = [d for d in self._drafts.values() if d.last_ts < before_ts]
+        """Forget resolved or suppressed incidents last updated before `before_ts` (they live on in the store).
+
+        Open and remediating incidents are never forgotten, nor the incidents merged into them.
+        Returns how many were forgotten.
+        """
+        finished = (IncidentState.RESOLVED, IncidentState.SUPPRESSED)
+        old = [d for d in self._drafts.values()
+               if (live := self._live(d.id)).state in finished and live.last_ts < before_ts]
         for d in old:
             del self._drafts[d.id]
             for f in d.findings:

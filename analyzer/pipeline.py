@@ -78,7 +78,10 @@ class Analyzer:
         folded = [f for f in found if f.rule_id not in below or f.severity is not Severity.INFO] if below else found
         return found, self.correlator.add_all(folded)
 
-    def evaluate(self, now: float) -> tuple[list[Finding], list[Incident]]:
-        """The detectors' verdicts at `now` (hang, straggler, Flight Recorder), folded like rule findings."""
-        found = self.detectors.evaluate(now) if self.detectors is not None else []
+    def evaluate(self, now: float, judged: Sequence[Finding] | None = None) -> tuple[list[Finding], list[Incident]]:
+        """The detectors' verdicts at `now` (hang, straggler, Flight Recorder), folded like rule findings.
+
+        `judged`: Flight Recorder findings judged by the caller off its lock (see DetectorSuite).
+        """
+        found = self.detectors.evaluate(now, judged) if self.detectors is not None else []
         return found, self.correlator.add_all(found)

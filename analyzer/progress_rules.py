@@ -8,7 +8,6 @@ extract, and a bad rule fails at load with its file, rule id and field.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -17,7 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from analyzer.rules import RuleError, check_urls, compile_linear, load_packs
+from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs
 
 
 class ProgressKind(StrEnum):
@@ -93,7 +92,7 @@ class ProgressRule:
     """Step, pause or resume."""
     contains: str
     """Literal every matching line contains; lines without it are skipped without running the regex."""
-    regex: re.Pattern[str]
+    regex: LinearRegex
     """Compiled pattern."""
     priority: int
     """Lower is tried first (trainer-specific packs before the generic one)."""
@@ -129,7 +128,7 @@ def _step_time(g: dict[str, str | None]) -> float | None:
     return None
 
 
-def _compile(path: str, spec: ProgressRuleSpec) -> re.Pattern[str]:
+def _compile(path: str, spec: ProgressRuleSpec) -> LinearRegex:
     regex = compile_linear(path, spec.id, spec.pattern)
     unknown = set(regex.groupindex) - GROUPS
     if unknown:

@@ -82,6 +82,9 @@ class Signal:
     """Observation time, seconds since the Unix epoch."""
     payload: Payload
     """Exactly one of a log line, a metric sample or a progress sample."""
+    sent_ts: float | None = None
+    """The time the sender stamped, when it was too far ahead of the receiver's clock (``ts`` is then the
+    receiver's time); None otherwise."""
 
     @property
     def text(self) -> str | None:

@@ -8,24 +8,44 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from collector.signal import LogLine, MetricSample, ProgressSample, Signal, Source
+from collector.validate import node_name_problem, text_problem
+
+
+def _no_nul(value: str) -> str:
+    if (why := text_problem(value)) is not None:
+        raise ValueError(why)
+    return value
+
+
+def _node_name(value: str) -> str:
+    if (why := node_name_problem(value)) is not None:
+        raise ValueError(why)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+"""Text any store can hold (PostgreSQL text cannot hold NUL)."""
+NodeName = Annotated[str, AfterValidator(_node_name)]
+"""A Kubernetes node name (DNS-1123 subdomain)."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Numbers must be finite: JSON's Infinity/NaN (or 1e309) would reach the store as null times.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LogPayload(_Strict):
     """A log line on the wire."""
 
     kind: Literal["log"] = "log"
-    text: str = Field(max_length=65536)
-    namespace: str | None = None
-    pod: str | None = None
-    container: str | None = None
-    job: str | None = None
+    text: Text = Field(max_length=65536)
+    namespace: Text | None = Field(default=None, max_length=253)
+    pod: Text | None = Field(default=None, max_length=253)
+    container: Text | None = Field(default=None, max_length=253)
+    job: Text | None = Field(default=None, max_length=253)
     rank: int | None = Field(default=None, ge=0)
 
 
@@ -33,20 +53,20 @@ class MetricPayload(_Strict):
     """A metric sample on the wire."""
 
     kind: Literal["metric"] = "metric"
-    name: str = Field(min_length=1, max_length=256)
+    name: Text = Field(min_length=1, max_length=256)
     value: float
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[Text, Text] = Field(default_factory=dict, max_length=64)
 
 
 class ProgressPayload(_Strict):
     """A progress sample on the wire."""
 
     kind: Literal["progress"] = "progress"
-    job: str = Field(min_length=1)
+    job: Text = Field(min_length=1, max_length=253)
     rank: int = Field(ge=0)
     step: int = Field(ge=0)
     step_time: float | None = Field(default=None, ge=0)
-    phases: dict[str, float] = Field(default_factory=dict)
+    phases: dict[Text, float] = Field(default_factory=dict, max_length=64)
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -55,8 +75,8 @@ PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discri
 class SignalIn(_Strict):
     """One signal on the wire."""
 
-    id: str = Field(min_length=1, max_length=512)
-    node: str = Field(min_length=1, max_length=253)
+    id: Text = Field(min_length=1, max_length=512)
+    node: NodeName
     source: Source
     ts: float = Field(gt=0)
     payload: PayloadIn

@@ -95,7 +95,7 @@ def run_demo(*, nodes: int = 16, gpus: int = 8, job_nodes: int = 8, spares: int 
         ckpt = write_checkpoints(base / "checkpoints")
         settings = Settings(database_url=f"sqlite:///{base / 'kmend-demo.db'}", cluster="sim", sim_nodes=nodes,
                             sim_gpus_per_node=gpus, healer_interval_s=0.1, symptom_settle_s=5.0,
-                            policy_file=demo_policy(base / "policy.yaml"))
+                            policy_file=demo_policy(base / "policy.yaml"), checkpoint_roots=[ckpt])
         world = SimWorld(nodes=nodes, gpus=gpus, spares=spares,
                          job=JobSpec(JOB, job_nodes, checkpoint_path=str(ckpt)))
         notifier = LogNotifier()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.correlate import Correlator
+from analyzer.detectors.flight_recorder import load_dump
 from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
@@ -178,30 +179,44 @@ class Kmend:
         return min(wall, seen + (wall - at))
 
     def evaluate(self, now: float | None = None) -> IngestOutcome:
-        """Run the detectors once and store their findings (the healer loop calls this periodically)."""
+        """Run the detectors once and store their findings (the healer loop calls this periodically).
+
+        Settled Flight Recorder dumps are judged between two short holds of the lock, so
+        analysing a large dump never holds up ingest.
+        """
         with self._lock:
             t = self.detector_now() if now is None else now
+            settled = self.detectors.take_settled_dumps(t)
+        judged = self.detectors.judge_dumps(settled) if settled else []
+        with self._lock:
             try:
-                outcome = self.store.record(lambda: self._evaluate(t))
+                outcome = self.store.record(lambda: self._evaluate(t, judged))
             except Exception:
                 self.rebuild()
                 raise
+            failures = self.detectors.take_failures()
+        for fail in failures:
+            log.error("detector %s failed%s: %s (the other detectors went on)", fail.detector,
+                      f" on job {fail.job}" if fail.job else "", fail.error)
+            self.metrics.detector_errors.labels(fail.detector).inc()
         self._count(outcome)
         return outcome
 
     def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
         """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""
+        dump = load_dump(data)  # parsed and checked before the lock: a large dump never blocks ingest
         with self._lock:
-            self.detectors.add_flight_recorder_dump(job, rank, node, data, self.detector_now(),
-                                                    source=source or f"{node}/flight-recorder/{job}/{rank}")
+            self.detectors.add_checked_dump(job, rank, node, dump, self.detector_now(),
+                                            source=source or f"{node}/flight-recorder/{job}/{rank}")
         self._wake.set()
 
     def _analyze(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         found, changed = self.analyzer.process(signals)
         return found, changed, self.analyzer.correlator.take_merges()
 
-    def _evaluate(self, now: float) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
-        found, changed = self.analyzer.evaluate(now)
+    def _evaluate(self, now: float, judged: Sequence[Finding] = ()
+                  ) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
+        found, changed = self.analyzer.evaluate(now, judged)
         return found, changed, self.analyzer.correlator.take_merges()
 
     def incidents(self) -> list[Incident]:

@@ -12,11 +12,12 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
@@ -33,13 +34,15 @@ from collector.podmeta import KubeApiPodMetadata
 from collector.prefilter import RegexPrefilter
 from collector.progress_file import ProgressFileSource
 from collector.shipper import Shipper
+from collector.signal import LogLine, Signal
 from collector.sources.base import SignalSource
 from collector.sources.cri import CriLogSource
 from collector.sources.dcgm import DcgmSource, http_fetcher
 from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
-from collector.spool import DiskSpool
+from collector.spool import DiskSpool, Value
+from collector.validate import node_name_problem
 from healer.checkpoints import discover_json
 from kmend.errors import ConfigError, from_validation
 
@@ -94,6 +97,14 @@ class AgentSettings(BaseSettings):
     status_host: str = "0.0.0.0"
     status_port: int = 9401
 
+    @field_validator("node")
+    @classmethod
+    def _kubernetes_node_name(cls, node: str) -> str:
+        # The service refuses every batch from a node name Kubernetes could not have: say so at start.
+        if (why := node_name_problem(node)) is not None:
+            raise ValueError(f"{node[:80]!r} {why} (set NODE_NAME or KMEND_AGENT_NODE to the node's name)")
+        return node
+
     def bearer(self) -> str | None:
         """The token, from the file when one is given (re-read at start)."""
         if self.token_file is not None:
@@ -121,6 +132,24 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
         raise ConfigError(f"KMEND_AGENT_RULES_DIRS / KMEND_AGENT_PROGRESS_RULES_DIRS: {exc}") from None
     return RegexPrefilter([r.pattern for r in rules] + [r.regex.pattern for r in progress]
                           + list(settings.prefilter_extra))
+
+
+def build_value_of(settings: AgentSettings) -> Callable[[Signal], Value]:
+    """What a signal is worth keeping through an outage: lines a cause rule matches (an Xid) over lines
+    other fault rules match (the symptoms), over everything else (progress lines, metrics)."""
+    rules = load_rules(settings.rules_dirs)
+    causes = RegexPrefilter([r.pattern for r in rules if not r.symptom_of], use_hyperscan=False)
+    faults = RegexPrefilter([r.pattern for r in rules if r.symptom_of], use_hyperscan=False)
+
+    def value_of(sig: Signal) -> Value:
+        text = sig.payload.text if isinstance(sig.payload, LogLine) else None
+        if text is None:
+            return Value.TELEMETRY
+        if causes.matches(text):
+            return Value.CAUSE
+        return Value.SYMPTOM if faults.matches(text) else Value.TELEMETRY
+
+    return value_of
 
 
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
@@ -164,7 +193,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
         sources.append(DcgmSource(node=node, fetch=http_fetcher(settings.dcgm_url),
                                   interval=settings.metrics_interval))
     spool = DiskSpool(settings.state_dir / "spool", max_bytes=settings.spool_max_bytes)
-    shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics)
+    shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics,
+                      value_of=build_value_of(settings))
     log.info("agent on %s: sources %s, prefilter %s", node, [s.name for s in sources],
              prefilter.engine if prefilter else "off")
     return Agent(sources=sources, shipper=shipper, checkpoints=checkpoints, metrics=metrics,
