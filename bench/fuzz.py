@@ -40,7 +40,7 @@ def _st(schema: Path, url: str, token: str, filters: list[str], args: argparse.N
            "--checks", "not_a_server_error,response_schema_conformance", "--seed", str(args.seed),
            "--request-timeout", "30", "--report", "junit", "--report-junit-path", str(report),
            "--phases", "examples,coverage,fuzzing", "--continue-on-failure", *filters]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=schema.parent)  # its cache stays in tmp
     tail = proc.stdout.strip().splitlines()[-12:]
     if proc.returncode and "-v" in sys.argv:
         print(proc.stdout, file=sys.stderr)

@@ -81,7 +81,7 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True,
     app.state.kmend = kmend
     app.state.settings = settings
     app.state.token_reviews = ReviewCache(token_reviewer) if token_reviewer is not None else None
-    # Outermost: every body is bounded while it is read, before any route or JSON parser sees it.
+    # Every body is bounded while it is read, before any route or JSON parser sees it.
     app.add_middleware(BodyLimit, max_bytes=settings.max_batch_bytes)
     for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
               nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router, console.router):

@@ -1,4 +1,5 @@
-"""Hostile Flight Recorder uploads: refused at the edge naming the field; detectors isolated; analysis once."""
+"""Hostile Flight Recorder uploads: refused at the edge naming the field; detectors (and the jobs in them)
+isolated; analysis once."""
 
 from __future__ import annotations
 
@@ -129,3 +130,27 @@ def test_dumps_are_analysed_once_when_settled_not_on_every_tick(monkeypatch: pyt
     assert calls == []
     [f] = suite.evaluate(111.0)
     assert f.where.rank == 1 and len(calls) == 1
+
+
+def test_one_jobs_data_that_breaks_the_straggler_scoring_does_not_stop_another_jobs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from analyzer.detectors.straggler import StragglerDetector
+    from sim.traces import Straggle
+
+    real = StragglerDetector._score_ranks
+
+    def score(self: StragglerDetector, name: str, *args: Any) -> Any:
+        if name == "bad":
+            raise FloatingPointError("impossible step times")  # stands for any bug one job's data could hit
+        return real(self, name, *args)
+
+    monkeypatch.setattr(StragglerDetector, "_score_ranks", score)
+    suite = DetectorSuite()
+    good, bad = TraceJob("good", world=32, step_s=1.0, seed=8), TraceJob("bad", world=32, step_s=1.0, seed=9)
+    found = []
+    slow = Straggle(rank=7, factor=1.5, from_step=11)
+    for (t, sigs), (_, bad_sigs) in zip(good.run(10) + good.run(30, straggle=slow), bad.run(40), strict=True):
+        suite.observe(sigs + bad_sigs)
+        found.extend(suite.evaluate(t))
+    assert {(f.where.job, f.where.rank) for f in found if f.fault_class.value == "straggler"} == {("good", 7)}
+    assert {(f.detector, f.job) for f in suite.take_failures()} == {("straggler", "bad")}

@@ -82,6 +82,8 @@ class StragglerDetector:
         self._last_step: dict[str, int] = {}
         self._ranks: dict[tuple[str, int], _Episode] = {}
         self._nodes: dict[tuple[str, str], _Episode] = {}
+        self.failures: list[tuple[str, str]] = []
+        """(job, error) for jobs whose data could not be scored; the suite drains and reports them."""
 
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose step advanced since the last evaluation."""
@@ -90,10 +92,15 @@ class StragglerDetector:
             if job.max_step <= self._last_step.get(name, -1):
                 continue
             self._last_step[name] = job.max_step
-            evidence = self._node_evidence(name)
-            out.extend(self._score_ranks(name, job, now, evidence))
-            if job.max_step % self.config.node_every_steps == 0:
-                out.extend(self._score_nodes(name, job, now, evidence))
+            try:
+                evidence = self._node_evidence(name)
+                found = self._score_ranks(name, job, now, evidence)
+                if job.max_step % self.config.node_every_steps == 0:
+                    found += self._score_nodes(name, job, now, evidence)
+            except Exception as exc:  # one job's data must not stop the other jobs' scoring
+                self.failures.append((name, f"{type(exc).__name__}: {str(exc)[:300]}"))
+                continue
+            out.extend(found)
         return out
 
     # -- ranks -----------------------------------------------------------------

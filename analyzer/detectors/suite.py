@@ -99,6 +99,8 @@ class DetectorSuite:
         """
         found = self._guarded("hang", lambda: self.hang.evaluate(now))
         found += self._guarded("straggler", lambda: self.straggler.evaluate(now))
+        self._failures.extend(DetectorFailure("straggler", why, job) for job, why in self.straggler.failures)
+        self.straggler.failures.clear()
         self.book.expire(now, self.forget_after_s)
         fr = list(judged or ())
         fr += self.judge_dumps(self._guarded(self.flight_recorder.id, lambda: self.take_settled_dumps(now)))
