@@ -29,6 +29,7 @@ from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, lo
 from analyzer.records import Finding, Incident
 from analyzer.rules import RuleError, default_rules_dir, load_rules
 from collector.bundle import BundleSource
+from collector.podmeta import parse_labels_file
 from collector.signal import LogLine, Signal
 
 BUNDLE_WINDOW_S = math.inf
@@ -105,7 +106,9 @@ def diagnose(args: argparse.Namespace) -> list[Incident]:
     # Nothing arrives after the bundle was cut: the dumps in it are all there will be.
     detectors = DetectorSuite(progress_rules, flight_recorder_settle_s=0.0)
     analyzer = Analyzer(rules, correlator=correlator, detectors=detectors)
-    source = BundleSource(args.paths, node=args.node, job=args.job)
+    labels_file = getattr(args, "pod_labels_file", None)
+    labels = parse_labels_file(labels_file.read_text(encoding="utf-8"), str(labels_file)) if labels_file else {}
+    source = BundleSource(args.paths, node=args.node, job=args.job, pod_labels=labels)
     signals, placements, last_ts = collect(source, MultiMatcher(rules), progress_rules)
     for job, node in sorted(placements):
         correlator.observe_placement(job, node)
@@ -184,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     except RuleError as exc:
         print(f"kmend analyze: bad rule pack: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"kmend analyze: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":

@@ -141,6 +141,7 @@ class CriLogSource:
         self._emitted: dict[str, Cursor] = {}
         self._failing: set[tuple[str, str, str]] = set()
         self._ts = TimestampParser()
+        self._filtered = 0
 
     def _pod_identity(self, pod: PodRef) -> tuple[str | None, int | None] | None:
         if pod.uid in self._labels:
@@ -198,6 +199,7 @@ class CriLogSource:
     def poll(self) -> Poll:
         """New lines from every container log, and the cursors they complete."""
         seen = self._discover()
+        self._filtered = 0
         signals: list[Signal] = []
         cursors: dict[str, Cursor] = {}
         lines = errors = 0
@@ -253,14 +255,18 @@ class CriLogSource:
             del self._labels[uid]
         for uid in [u for u in self._retry_at if u not in live_pods]:
             del self._retry_at[uid]
-        return Poll(signals, cursors, lines, errors=errors)
+        return Poll(signals, cursors, lines, errors=errors, filtered=self._filtered)
 
     def _process(self, st: _Stream, chunk: Chunk, out: list[Signal]) -> None:
         data = chunk.data
         slow = bool(st.partial) or any(m in data for m in _PARTIAL_MARKS)
         if not slow:
+            kept = 0
             for offset, raw in lines_of(chunk, self.prefilter):
+                kept += 1
                 self._line(st, chunk.file_id, offset, raw, out, check=False)
+            if self.prefilter is not None:
+                self._filtered += data.count(b"\n") - kept
             st.processed[chunk.file_id] = chunk.offset + len(data)
             st.safe.update(st.processed)
             return
@@ -321,6 +327,7 @@ class CriLogSource:
         *, suffix: str = "",
     ) -> None:
         if check and self.prefilter is not None and not self.prefilter.matches(text):
+            self._filtered += 1
             return
         if len(text) > MAX_LINE:
             text = text[:MAX_LINE]

@@ -11,6 +11,7 @@ import argparse
 import logging
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -26,7 +27,7 @@ from collector.checkpoint import CheckpointStore
 from collector.flight_recorder import DEFAULT_PREFIXES, FlightRecorderSource, HttpDumpUploader
 from collector.httpserver import start_status_server
 from collector.metrics import AgentMetrics
-from collector.podmeta import KubeApiPodMetadata
+from collector.podmeta import FilePodMetadata, KubeApiPodMetadata, PodMetadataProvider
 from collector.prefilter import RegexPrefilter
 from collector.progress_file import ProgressFileSource
 from collector.shipper import Shipper
@@ -79,6 +80,9 @@ class AgentSettings(BaseSettings):
     progress_dir: Path | None = Field(None, description="directory of report_step JSON lines ($KMEND_PROGRESS_DIR "
                                                         "of the training pods, a hostPath)")
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
+    pod_labels_file: Path | None = Field(None, description="JSON or YAML file mapping 'namespace/pod' (or 'pod') to "
+                                                           "its labels, for nodes without API access")
+    job: str | None = Field(None, description="job name for every pod on this node (off-cluster, one job per node)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
 
@@ -104,6 +108,23 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
                           + list(settings.prefilter_extra))
 
 
+def pod_metadata(settings: AgentSettings) -> PodMetadataProvider | None:
+    """Where pod labels come from: the labels file when given, else the API server in a cluster.
+
+    Without either, job and rank come from the pod name and the lines' rank prefixes.
+    """
+    if settings.pod_labels_file is not None:
+        try:
+            return FilePodMetadata(settings.pod_labels_file)
+        except (OSError, ValueError) as exc:
+            raise AgentConfigError(f"pod_labels_file (--pod-labels-file): {exc}") from exc
+    return KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
+
+
+class AgentConfigError(Exception):
+    """A setting the agent cannot start with; the message names it."""
+
+
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
     """An agent for these settings, resuming from the checkpoint in ``state_dir``."""
     metrics = metrics or AgentMetrics()
@@ -114,9 +135,9 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     prefilter = build_prefilter(settings)
     node = settings.node
     sources: list[SignalSource] = []
-    meta = KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
+    meta = pod_metadata(settings)
     sources.append(CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta, prefilter=prefilter,
-                                resume=checkpoints.section("container")))
+                                resume=checkpoints.section("container"), job=settings.job))
     if settings.kernel == "kmsg":
         try:
             sources.append(KmsgSource(node=node, path=settings.kmsg_path, boot_id_path=settings.boot_id_path,
@@ -170,6 +191,8 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--dcgm-url", {"help": "DCGM exporter /metrics URL"}),
     ("--flight-recorder-dir", {"type": Path, "help": "Flight Recorder dumps to upload"}),
     ("--progress-dir", {"type": Path, "help": "report_step progress files (KMEND_AGENT_PROGRESS_DIR)"}),
+    ("--pod-labels-file", {"type": Path, "help": "JSON/YAML: 'namespace/pod' -> labels (off-cluster job and rank)"}),
+    ("--job", {"help": "job name of every pod on this node (default: from labels or the pod name)"}),
     ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
     ("--status-port", {"type": int, "help": "port of /metrics and /healthz (0: off)"}),
     ("--status-host", {"help": "address of /metrics and /healthz"}),
@@ -200,7 +223,11 @@ def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT; the last batch is flushed on the way out."""
     settings = settings_from(args)
     metrics = AgentMetrics()
-    agent = build_agent(settings, metrics=metrics)
+    try:
+        agent = build_agent(settings, metrics=metrics)
+    except AgentConfigError as exc:
+        print(f"kmend agent: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
