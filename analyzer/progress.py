@@ -43,6 +43,22 @@ class ProgressEvent:
     """Progress rule that matched, or ``hook`` for samples from the training-script hook."""
 
 
+def match_progress(text: str, rules: Sequence[ProgressRule]) -> tuple[ProgressRule, Extracted] | None:
+    """The first rule (in priority order) that reads progress from a line, and what it read.
+
+    A bar redraws itself with carriage returns inside one line: the latest redraw counts. A
+    launcher's rank prefix is taken off first, so anchored patterns see the trainer's own text.
+    """
+    segments = reversed(text.split("\r")) if "\r" in text else (text,)
+    for seg in segments:
+        body = strip_rank_prefix(seg)
+        for rule in rules:
+            got = rule.extract(body)
+            if got is not None:
+                return rule, got
+    return None
+
+
 class ProgressExtractor:
     """Turns signals into progress events; keeps a counter for formats that print no step number."""
 
@@ -67,16 +83,8 @@ class ProgressExtractor:
         return out
 
     def _from_line(self, sig: Signal, line: LogLine) -> ProgressEvent | None:
-        text = line.text
-        # A bar redraws itself with carriage returns inside one line: the latest redraw counts.
-        segments = reversed(text.split("\r")) if "\r" in text else (text,)
-        for seg in segments:
-            body = strip_rank_prefix(seg)
-            for rule in self.rules:
-                got = rule.extract(body)
-                if got is not None:
-                    return self._event(sig, line, rule, got)
-        return None
+        found = match_progress(line.text, self.rules)
+        return self._event(sig, line, *found) if found is not None else None
 
     def _event(self, sig: Signal, line: LogLine, rule: ProgressRule, got: Extracted) -> ProgressEvent | None:
         job = line.job or (f"{line.namespace}/{line.pod}" if line.pod else None)

@@ -25,6 +25,7 @@ from analyzer.detectors.flight_recorder import DumpError
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.engine import MultiMatcher
 from analyzer.pipeline import Analyzer
+from analyzer.progress import match_progress
 from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
 from analyzer.records import Finding, Incident
 from analyzer.rules import RuleError, default_rules_dir, load_rules
@@ -46,7 +47,8 @@ wants a slowdown on several consecutive evaluations, as the service sees it live
 
 def _progress_lines(texts: Sequence[str], rules: Sequence[ProgressRule]) -> set[int]:
     """Lines a progress rule extracts something from (its literal is checked before its pattern)."""
-    return {i for i, text in enumerate(texts) if any(r.extract(text) is not None for r in rules)}
+    ordered = sorted(rules, key=lambda r: r.priority)
+    return {i for i, text in enumerate(texts) if match_progress(text, ordered) is not None}
 
 
 def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence[ProgressRule] = (),

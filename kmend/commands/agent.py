@@ -149,7 +149,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                                      prefilter=prefilter))
     if settings.progress_dir is not None:
         # Added even before the directory exists: the first training pod creates it.
-        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress")))
+        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress"),
+                                          pod_metadata=meta, job=settings.job))
     if settings.flight_recorder_dir is not None:
         uploader = HttpDumpUploader(settings.service_url, token=settings.bearer())
         sources.append(FlightRecorderSource(node=node, root=settings.flight_recorder_dir, uploader=uploader,
