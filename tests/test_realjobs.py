@@ -147,7 +147,7 @@ def test_hf_trainer_healthy_run_raises_nothing(kmend: Kmend) -> None:
 
 
 def test_hf_trainer_blocked_rank_is_a_hang(kmend: Kmend) -> None:
-    fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "10"}
+    fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5"}
     job = Job(kmend.pods, "gpt2-hang", "hf_trainer.py", steps=100_000, world=2, fault=fault)
     try:
         incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 100)
@@ -158,6 +158,19 @@ def test_hf_trainer_blocked_rank_is_a_hang(kmend: Kmend) -> None:
     [hang] = _of(incs, "hang")
     assert hang["root_cause"]["job"] == "gpt2-hang"
     assert found - last <= HANG_TARGET_S + 1.0, found - last
+
+
+@pytest.mark.xfail(strict=True, reason="only the Trainer's main process prints progress; naming the rank that "
+                                       "stalled needs the culprit evidence of issue 11 item 4 (not built yet)")
+def test_hf_trainer_blocked_rank_is_named(kmend: Kmend) -> None:
+    fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5"}
+    job = Job(kmend.pods, "gpt2-hang", "hf_trainer.py", steps=100_000, world=2, fault=fault)
+    try:
+        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 100)
+    finally:
+        job.stop()
+    [hang] = _of(incs, "hang")
+    assert hang["root_cause"]["rank"] == 1
 
 
 # -- Lightning -----------------------------------------------------------------------------------------------
@@ -178,11 +191,14 @@ def test_lightning_healthy_run_raises_nothing(kmend: Kmend) -> None:
 
 
 def test_lightning_blocked_rank_is_a_hang(kmend: Kmend) -> None:
-    fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "20"}
+    fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "100"}
     job = Job(kmend.pods, "pl-hang", "lightning_trainer.py", steps=100_000, world=2, fault=fault, env=RICH_IN_POD)
     try:
         incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 100)
+        found = time.time()
+        last = _last_progress(job, "Epoch 0/")
     finally:
         job.stop()
     [hang] = _of(incs, "hang")
-    assert hang["root_cause"]["job"] == "pl-hang" and hang["root_cause"]["node"] == NODE
+    assert hang["root_cause"]["job"] == "pl-hang"
+    assert found - last <= HANG_TARGET_S + 1.0, found - last
