@@ -39,14 +39,14 @@ def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, object]:
             out[name] = int(raw)
     if env.get("TORCHELASTIC_RUN_ID"):
         out["run_id"] = env["TORCHELASTIC_RUN_ID"]
-    if env.get("HOSTNAME"):
-        out["pod"] = env["HOSTNAME"]
     namespace = env.get("POD_NAMESPACE")
     if not namespace:
         with contextlib.suppress(OSError):
             namespace = Path(SA_NAMESPACE).read_text().strip()
-    if namespace:
+    # Only inside a pod is the host name the pod's name (on bare metal it names the machine).
+    if namespace and env.get("HOSTNAME"):
         out["namespace"] = namespace
+        out["pod"] = env["HOSTNAME"]
     return out
 
 
