@@ -93,7 +93,8 @@ class Pod:
             return []
 
     def text(self) -> str:
-        return self.log.path.read_text(errors="replace")
+        """The log as written (bytes decoded: reading as text would turn a bar's \r into line ends)."""
+        return self.log.path.read_bytes().decode(errors="replace")
 
     def stop(self) -> None:
         for pid in self.worker_pids():
