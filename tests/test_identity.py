@@ -178,3 +178,21 @@ def test_live_agent_and_offline_analyze_agree_on_job_rank_and_node(tmp_path: Pat
     # Line by line too: the fault rules see the same job, rank and node either way.
     live_ids, offline_ids = identity(live_signals), identity(offline_signals)
     assert live_ids and all(offline_ids[text] == who for text, who in live_ids.items())
+
+
+def test_the_job_flag_names_every_pod_on_the_node(tmp_path: Path, rules: list[ProgressRule]) -> None:
+    _two_pods(tmp_path / "pods")
+    events = ProgressExtractor(rules).extract(_agent_signals(tmp_path, job="bert-ft"))
+    assert _who(events) == {("bert-ft", 0, NODE), ("bert-ft", 1, NODE)}
+
+
+def test_analyze_refuses_a_bad_labels_file_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kmend.cli import build_parser
+
+    _two_pods(tmp_path / "pods")
+    labels = tmp_path / "labels.json"
+    labels.write_text('{"llama-worker-0": "not a mapping"}')
+    args = build_parser().parse_args(["analyze", str(tmp_path / "pods"), "--pod-labels-file", str(labels)])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(labels) in err[0]
