@@ -94,6 +94,7 @@ def test_lightning_bar_steps_keep_rising_across_epochs(rules: list[ProgressRule]
      "mom=[[0.9, 0.999]]", 40, 0),
     ("[2023-07-25 21:03:17,269] [INFO] [timer.py:215:stop] epoch=0/micro_step=34/global_step=34, "
      "RunningAvgSamplesPerSec=7.86, CurrSamplesPerSec=8.0, MemAllocated=59.65GB, MaxMemAllocated=63.31GB", 34, None),
+    ("steps: 40 loss: 2.0592 iter time (s): 0.293 samples/sec: 874.900", 40, None),
     # torchtitan
     ("[rank1]:[titan] 2025-06-16 22:30:50,322 - root - INFO - step: 200  loss:  6.1384  memory: 49.66GiB(52.28%)"
      "  tps: 5,856  tflops: 339.16  mfu: 34.29%", 200, 1),
