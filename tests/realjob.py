@@ -97,9 +97,10 @@ class Pod:
         return self.log.path.read_bytes().decode(errors="replace")
 
     def stop(self) -> None:
+        # torchrun starts each worker in a session of its own: killing the launcher's group leaves them.
         for pid in self.worker_pids():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+                os.kill(pid, signal.SIGKILL)
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)

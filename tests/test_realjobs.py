@@ -144,6 +144,9 @@ def test_hf_trainer_healthy_run_raises_nothing(kmend: Kmend) -> None:
     assert len(kmend.stored_lines("'loss': ")) >= 50  # only the main process prints them
     time.sleep(1.5)
     assert kmend.incidents() == []
+    # The Trainer's bar printed the run's total and reached it: the job finished, its silence is no hang.
+    time.sleep(11.0)
+    assert kmend.incidents() == []
 
 
 def test_hf_trainer_blocked_rank_is_a_hang(kmend: Kmend) -> None:
