@@ -84,6 +84,9 @@ def test_plain_ddp_slowed_rank_is_named_a_straggler(kmend: Kmend) -> None:
         job.stop()
     [inc] = _of(incs, "straggler")
     assert (inc["root_cause"]["rank"], inc["root_cause"]["node"], inc["root_cause"]["job"]) == (2, NODE, "ddp-slow")
+    [f] = [f for f in inc["findings"] if f["fault_class"] == "straggler"]
+    assert f["fields"]["basis"] == "arrival_lag"
+    assert int(f["fields"]["step"]) - 5 <= 30, f["fields"]  # named within 30 steps of the slowdown
     assert _of(incs, "hang") == []
 
 
