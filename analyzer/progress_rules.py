@@ -78,6 +78,8 @@ class Extracted:
     """Seconds per step, when printed."""
     rank: int | None
     """Rank named in the line itself, if any."""
+    epoch: int | None = None
+    """Epoch, for formats whose step restarts every epoch (the extractor makes it monotonic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +109,9 @@ class ProgressRule:
         if m is None:
             return None
         g = m.groupdict()
+        epoch = g.get("epoch")
         return Extracted(step=_int(g.get("step")), total=_int(g.get("total")), step_time=_step_time(g),
-                         rank=_int(g.get("rank")))
+                         rank=_int(g.get("rank")), epoch=int(epoch) if epoch and epoch.isdigit() else None)
 
 
 def _int(raw: str | None) -> int | None:

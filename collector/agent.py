@@ -68,6 +68,8 @@ class Agent:
                 continue
             if polled.lines:
                 self.metrics.lines_read.labels(src.name).inc(polled.lines)
+            if polled.filtered:
+                self.metrics.lines_filtered.labels(src.name).inc(polled.filtered)
             if polled.errors:
                 self.metrics.source_errors.labels(src.name).inc(polled.errors)
             if polled.lost:

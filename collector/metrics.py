@@ -14,6 +14,9 @@ class AgentMetrics:
         self.lines_read = Counter(
             "kmend_agent_lines_read_total", "Log lines and samples read, before the prefilter.",
             ["source"], registry=r)
+        self.lines_filtered = Counter(
+            "kmend_agent_lines_filtered_total",
+            "Log lines the prefilter dropped: no fault or progress rule could match them.", ["source"], registry=r)
         self.signals_read = Counter(
             "kmend_agent_signals_total", "Signals produced after the prefilter.", ["source"], registry=r)
         self.shipped = Counter(

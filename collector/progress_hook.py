@@ -19,7 +19,35 @@ from pathlib import Path
 ENV_DIR = "KMEND_PROGRESS_DIR"
 """Directory the agent watches (a hostPath or emptyDir shared with the agent)."""
 ENV_JOB = "KMEND_JOB"
-"""Job name; falls back to torchrun's ``TORCHELASTIC_RUN_ID``."""
+"""Job name; without it the agent names the job after the pod (its labels or name), as for log lines."""
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""The pod's namespace, mounted with its service-account token."""
+
+
+def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Where this process sits, as torchrun and Kubernetes tell it: recorded with every step.
+
+    ``RANK`` is the global rank (eight processes in one pod are eight ranks); ``LOCAL_RANK`` and
+    ``GROUP_RANK`` (the node's index) and ``TORCHELASTIC_RUN_ID`` say the same from the launcher's
+    side; ``HOSTNAME`` is the pod's name, so the agent can give the samples the job of the pod's logs.
+    """
+    env = os.environ if environ is None else environ
+    out: dict[str, object] = {}
+    for key, name in (("LOCAL_RANK", "local_rank"), ("GROUP_RANK", "group_rank"), ("WORLD_SIZE", "world_size")):
+        raw = env.get(key, "")
+        if raw.isdigit():
+            out[name] = int(raw)
+    if env.get("TORCHELASTIC_RUN_ID"):
+        out["run_id"] = env["TORCHELASTIC_RUN_ID"]
+    namespace = env.get("POD_NAMESPACE")
+    if not namespace:
+        with contextlib.suppress(OSError):
+            namespace = Path(SA_NAMESPACE).read_text().strip()
+    # Only inside a pod is the host name the pod's name (on bare metal it names the machine).
+    if namespace and env.get("HOSTNAME"):
+        out["namespace"] = namespace
+        out["pod"] = env["HOSTNAME"]
+    return out
 
 
 class ProgressReporter:
@@ -67,9 +95,14 @@ def report_step(step: int, step_time: float | None = None, phases: Mapping[str, 
     directory = os.environ.get(ENV_DIR)
     if not directory:
         return
-    job = os.environ.get(ENV_JOB) or os.environ.get("TORCHELASTIC_RUN_ID") or "job"
+    named = os.environ.get(ENV_JOB)
+    job = named or os.environ.get("TORCHELASTIC_RUN_ID") or "job"
     rank = int(os.environ.get("RANK", "0"))
-    line = json.dumps(_record(time.time(), job, rank, step, step_time, phases), separators=(",", ":")) + "\n"
+    rec = _record(time.time(), job, rank, step, step_time, phases)
+    rec.update(launcher_env())
+    if not named:
+        rec["job_from_pod"] = True  # no explicit name: the agent uses the pod's job when it knows the pod
+    line = json.dumps(rec, separators=(",", ":")) + "\n"
     path = Path(directory) / f"{_safe(job)}.rank{rank}.jsonl"
     with contextlib.suppress(OSError):  # a full or missing disk must not stop training
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,9 @@ class RankState:
     """Step of the newest sample in `times`."""
     sample_phased: bool = False
     """Whether that sample came with phases."""
+    arrivals: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    """(step, when it was reported), newest last: lock-stepped ranks report a step together, so a
+    rank that keeps reporting late is the one the others wait for."""
 
     @property
     def basis(self) -> str:
@@ -133,6 +136,7 @@ class JobBook:
         step_time = ev.step_time if ev.step_time is not None else derived
         if step_time is not None:
             job.step_times.append(step_time)
+        rank.arrivals.append((ev.step, ev.ts))
         rank.last_step = ev.step
         rank.last_ts = max(rank.last_ts, ev.ts)
         rank.signal_id = ev.signal_id

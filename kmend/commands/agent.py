@@ -30,7 +30,7 @@ from collector.gpu_reset import GpuResetHandler, load_reset_nvml
 from collector.httpserver import start_status_server
 from collector.metrics import AgentMetrics
 from collector.node_requests import HttpNodeRequestClient, NodeRequestRunner, RequestHandler, RequestJournal
-from collector.podmeta import KubeApiPodMetadata
+from collector.podmeta import FilePodMetadata, KubeApiPodMetadata, PodMetadataProvider
 from collector.prefilter import RegexPrefilter
 from collector.progress_file import ProgressFileSource
 from collector.shipper import Shipper
@@ -94,6 +94,9 @@ class AgentSettings(BaseSettings):
     gpu_idle_timeout_s: float = Field(600.0, gt=0, description="how long a reset waits for the GPU to go idle")
     proc_root: Path = Field(Path("/proc"), description="the host's /proc (hostPID): pods' filesystems are read "
                                                        "through /proc/<pid>/root")
+    pod_labels_file: Path | None = Field(None, description="JSON or YAML file mapping 'namespace/pod' (or 'pod') to "
+                                                           "its labels, for nodes without API access")
+    job: str | None = Field(None, description="job name for every pod on this node (off-cluster, one job per node)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
 
@@ -152,6 +155,20 @@ def build_value_of(settings: AgentSettings) -> Callable[[Signal], Value]:
     return value_of
 
 
+def pod_metadata(settings: AgentSettings) -> PodMetadataProvider | None:
+    """Where pod labels come from: the labels file when given, else the API server in a cluster.
+
+    Without either, job and rank come from the pod name and the lines' rank prefixes.
+    """
+    if settings.pod_labels_file is not None:
+        try:
+            return FilePodMetadata(settings.pod_labels_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"KMEND_AGENT_POD_LABELS_FILE={str(settings.pod_labels_file)!r} (--pod-labels-file): "
+                              f"{exc}") from None
+    return KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
+
+
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
     """An agent for these settings, resuming from the checkpoint in ``state_dir``."""
     metrics = metrics or AgentMetrics()
@@ -162,9 +179,9 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     prefilter = build_prefilter(settings)
     node = settings.node
     sources: list[SignalSource] = []
-    meta = KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
+    meta = pod_metadata(settings)
     sources.append(CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta, prefilter=prefilter,
-                                resume=checkpoints.section("container")))
+                                resume=checkpoints.section("container"), job=settings.job))
     if settings.kernel == "kmsg":
         try:
             sources.append(KmsgSource(node=node, path=settings.kmsg_path, boot_id_path=settings.boot_id_path,
@@ -176,7 +193,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                                      prefilter=prefilter))
     if settings.progress_dir is not None:
         # Added even before the directory exists: the first training pod creates it.
-        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress")))
+        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress"),
+                                          pod_metadata=meta, job=settings.job))
     if settings.flight_recorder_dir is not None:
         uploader = HttpDumpUploader(settings.service_url, token=settings.bearer())
         sources.append(FlightRecorderSource(node=node, root=settings.flight_recorder_dir, uploader=uploader,
@@ -239,6 +257,8 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--dcgm-url", {"help": "DCGM exporter /metrics URL"}),
     ("--flight-recorder-dir", {"type": Path, "help": "Flight Recorder dumps to upload"}),
     ("--progress-dir", {"type": Path, "help": "report_step progress files (KMEND_AGENT_PROGRESS_DIR)"}),
+    ("--pod-labels-file", {"type": Path, "help": "JSON/YAML: 'namespace/pod' -> labels (off-cluster job and rank)"}),
+    ("--job", {"help": "job name of every pod on this node (default: from labels or the pod name)"}),
     ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
     ("--status-port", {"type": int, "help": "port of /metrics and /healthz (0: off)"}),
     ("--status-host", {"help": "address of /metrics and /healthz"}),
