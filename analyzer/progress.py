@@ -17,6 +17,9 @@ from collector.signal import LogLine, ProgressSample, Signal
 _RANK_PREFIX = re.compile(r"^\[(?:rank|Rank |RANK )(\d+)\]")
 """torchrun's ``--tee``/log-prefix form (``[rank3]: ...``); also DeepSpeed's ``[Rank 0]`` is a log field, not this."""
 
+_KINDS = {"step": ProgressKind.STEP, "end": ProgressKind.END, "exit": ProgressKind.EXIT}
+"""A progress sample's event to the event kind."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProgressEvent:
@@ -59,7 +62,7 @@ class ProgressExtractor:
         for sig in signals:
             p = sig.payload
             if isinstance(p, ProgressSample):
-                out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=ProgressKind.STEP,
+                out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=_KINDS[p.event],
                                          step=p.step, step_time=p.step_time, phases=dict(p.phases),
                                          signal_id=sig.id))
             elif isinstance(p, LogLine) and self.rules:

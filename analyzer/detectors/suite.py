@@ -8,7 +8,9 @@ from dataclasses import replace
 from analyzer.detectors.book import JobBook
 from analyzer.detectors.flight_recorder import FlightRecorderDetector, RankDump, load_dump
 from analyzer.detectors.hang import HangConfig, HangDetector
+from analyzer.detectors.stacks import StackDetector, StackSample
 from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
+from analyzer.detectors.witnesses import WitnessDetector
 from analyzer.progress import ProgressEvent, ProgressExtractor
 from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding
@@ -16,7 +18,8 @@ from collector.signal import MetricSample, Signal
 
 
 class DetectorSuite:
-    """Progress extraction, the shared job book, and the hang, straggler and Flight Recorder detectors."""
+    """Progress extraction, the shared job book, and the hang, straggler, Flight Recorder, timeout-witness
+    and stack-dump detectors."""
 
     def __init__(self, progress_rules: Sequence[ProgressRule] = (), *, hang: HangConfig | None = None,
                  straggler: StragglerConfig | None = None, flight_recorder_settle_s: float = 10.0,
@@ -26,6 +29,8 @@ class DetectorSuite:
         self.hang = HangDetector(self.book, hang)
         self.straggler = StragglerDetector(self.book, straggler)
         self.flight_recorder = FlightRecorderDetector(settle_s=flight_recorder_settle_s)
+        self.witnesses = WitnessDetector(self.book)
+        self.stacks = StackDetector()
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
@@ -43,6 +48,21 @@ class DetectorSuite:
                 self.watermark = sig.ts
         return events
 
+    def observe_findings(self, findings: Sequence[Finding]) -> None:
+        """Rule findings of a batch: collective-timeout lines say which ranks were left waiting."""
+        self.witnesses.observe(list(findings))
+
+    def add_stack(self, job: str, sample: StackSample, ts: float) -> None:
+        """Keep one rank's Python stack dump (captured by the node agent on a suspected hang)."""
+        state = self.book.jobs.get(job)
+        ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
+        self.stacks.add(job, sample, ts, ranks=ranks)
+        self.watermark = max(self.watermark, ts)
+
+    def suspects(self, now: float) -> list[tuple[str, list[str]]]:
+        """Jobs that look stalled but are not yet called hung, with their nodes: where to capture evidence."""
+        return [(job, sorted(self.book.nodes_of(job))) for job in self.hang.suspects(now)]
+
     def add_flight_recorder_dump(self, job: str, rank: int, node: str, data: bytes, ts: float,
                                  source: str = "") -> None:
         """Parse (safely) and keep one rank's Flight Recorder dump; raises DumpError on a bad one."""
@@ -51,7 +71,8 @@ class DetectorSuite:
 
     def evaluate(self, now: float) -> list[Finding]:
         """Every detector's findings at `now`; each finding is emitted once."""
-        found = self.hang.evaluate(now) + self.straggler.evaluate(now)
+        found = self.hang.evaluate(now) + self.straggler.evaluate(now) + self.witnesses.evaluate(now)
+        found += self.stacks.evaluate(now)
         self.book.expire(now, self.forget_after_s)
         for f in self.flight_recorder.evaluate(now):
             found.append(self._placed(f))
