@@ -21,6 +21,7 @@ from kmend.api import (
     plans,
     signals,
     spares,
+    stacks,
 )
 from kmend.service import Kmend
 from kmend.settings import Settings
@@ -59,7 +60,7 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
     app.state.kmend = kmend
     app.state.settings = settings
     for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
-              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router):
+              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router, stacks.router):
         app.include_router(r)
 
     @app.middleware("http")

@@ -12,6 +12,7 @@ from typing import Any
 
 from analyzer.correlate import Correlator
 from analyzer.detectors.hang import HangConfig
+from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.pipeline import Analyzer
@@ -27,7 +28,7 @@ from healer.notify import Notifier
 from healer.policy import PolicyConfig
 from healer.policy_file import PolicyFile, load_policy
 from healer.records import Plan
-from healer.steps.base import StepContext
+from healer.steps.base import RepairRequest, StepContext
 from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
@@ -92,6 +93,7 @@ class Kmend:
         self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s),
                                  detectors=self.detectors)
         self._watermark = (0.0, 0.0)
+        self._evidence_asked: set[str] = set()
         self._next_evaluation = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
@@ -179,8 +181,29 @@ class Kmend:
             except Exception:
                 self.rebuild()
                 raise
+            self._request_evidence(t)
         self._count(outcome)
         return outcome
+
+    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str) -> None:
+        """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
+        with self._lock:
+            t = self.detector_now()
+            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text,
+                                                      source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
+        self._wake.set()
+
+    def _request_evidence(self, now: float) -> None:
+        # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's
+        # Python stack (and a Flight Recorder dump through the debug pipe) while it is still stuck,
+        # before the hang is called and before any plan restarts it. One request per node and stall.
+        for job, nodes, since in self.detectors.suspects(now):
+            for node in nodes:
+                rid = f"stack-dump:{job}:{since:.3f}:{node}"
+                if rid in self._evidence_asked:
+                    continue
+                self._evidence_asked.add(rid)
+                self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
 
     def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
         """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""

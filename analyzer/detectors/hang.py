@@ -84,8 +84,8 @@ class HangDetector:
         want = max(cfg.k * med + cfg.z * spread, cfg.gap_margin * max(gaps), cfg.floor_s)
         return max(min(want, cap), min(cfg.floor_s, cap))
 
-    def suspects(self, now: float) -> list[str]:
-        """Jobs stalled past `suspect_fraction` of their threshold, not yet reported: time to gather evidence."""
+    def suspects(self, now: float) -> list[tuple[str, float]]:
+        """Jobs stalled past `suspect_fraction` of their threshold, with when progress stopped: gather evidence."""
         out = []
         for name, job in self.book.jobs.items():
             thr = self.threshold(job)
@@ -93,7 +93,7 @@ class HangDetector:
                 continue
             newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
             if now - newest >= self.config.suspect_fraction * thr:
-                out.append(name)
+                out.append((name, newest))
         return out
 
     def _paused(self, job: JobState, now: float) -> bool:

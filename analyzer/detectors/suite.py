@@ -59,9 +59,9 @@ class DetectorSuite:
         self.stacks.add(job, sample, ts, ranks=ranks)
         self.watermark = max(self.watermark, ts)
 
-    def suspects(self, now: float) -> list[tuple[str, list[str]]]:
-        """Jobs that look stalled but are not yet called hung, with their nodes: where to capture evidence."""
-        return [(job, sorted(self.book.nodes_of(job))) for job in self.hang.suspects(now)]
+    def suspects(self, now: float) -> list[tuple[str, list[str], float]]:
+        """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""
+        return [(job, sorted(self.book.nodes_of(job)), since) for job, since in self.hang.suspects(now)]
 
     def add_flight_recorder_dump(self, job: str, rank: int, node: str, data: bytes, ts: float,
                                  source: str = "") -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import socket
+import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -37,6 +40,7 @@ from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
 from collector.spool import DiskSpool
+from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder
 
 log = logging.getLogger("kmend.agent")
 
@@ -79,6 +83,10 @@ class AgentSettings(BaseSettings):
     progress_dir: Path | None = Field(None, description="directory of report_step JSON lines ($KMEND_PROGRESS_DIR "
                                                         "of the training pods, a hostPath)")
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
+    stacks: bool = Field(True, description="answer the service's stack_dump requests with py-spy (needs host PID "
+                                           "namespace and SYS_PTRACE)")
+    py_spy: str = Field("py-spy", description="py-spy executable (name on PATH or path)")
+    proc_root: Path = Field(Path("/proc"), description="the host's /proc (hostPID: true)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
 
@@ -102,6 +110,11 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
     progress = load_progress_rules(settings.progress_rules_dirs)
     return RegexPrefilter([r.pattern for r in rules] + [r.regex.pattern for r in progress]
                           + list(settings.prefilter_extra))
+
+
+def _py_spy(name: str) -> str | None:
+    # Installed with kmend, py-spy sits beside the interpreter even when that directory is not on PATH.
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
 
 
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
@@ -144,6 +157,15 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     if settings.dcgm_url:
         sources.append(DcgmSource(node=node, fetch=http_fetcher(settings.dcgm_url),
                                   interval=settings.metrics_interval))
+    if settings.stacks:
+        binary = _py_spy(settings.py_spy)
+        if binary is None:
+            log.warning("py-spy not found (%s): stack_dump requests are not answered", settings.py_spy)
+        else:
+            finder = ProcessFinder(proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta)
+            sources.append(StackRequestResponder(url=settings.service_url, node=node, finder=finder,
+                                                 dumper=PySpyDumper(binary), token=settings.bearer(),
+                                                 clock=time.monotonic))
     spool = DiskSpool(settings.state_dir / "spool", max_bytes=settings.spool_max_bytes)
     shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics)
     log.info("agent on %s: sources %s, prefilter %s", node, [s.name for s in sources],
@@ -173,6 +195,8 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
     ("--status-port", {"type": int, "help": "port of /metrics and /healthz (0: off)"}),
     ("--status-host", {"help": "address of /metrics and /healthz"}),
+    ("--py-spy", {"help": "py-spy executable for stack dumps on a suspected hang"}),
+    ("--proc-root", {"type": Path, "help": "the host's /proc (the DaemonSet runs with hostPID)"}),
 )
 
 
@@ -186,12 +210,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-nvml", dest="nvml", action="store_false", default=None, help="do not use NVML")
     p.add_argument("--no-pod-labels", dest="pod_labels", action="store_false", default=None,
                    help="do not ask the API server for pod labels")
+    p.add_argument("--no-stacks", dest="stacks", action="store_false", default=None,
+                   help="do not capture Python stacks of training processes on a suspected hang")
     p.set_defaults(func=run)
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
     """Environment first, flags override."""
-    keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels"]
+    keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels", "stacks"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     return AgentSettings(**overrides)
 
