@@ -36,9 +36,9 @@ class HangConfig:
     a lot, or that had long healthy gaps before, waits longer, but never past the target.
     """
 
-    k: float = 2.0
+    k: float = 2.4
     """Stall threshold in units of the job's median report interval."""
-    floor_s: float = 8.0
+    floor_s: float = 10.0
     """Never call a hang before this many seconds without progress (absorbs data-loader hiccups)."""
     z: float = 6.0
     """Robust spreads (1.4826 x MAD of the intervals) added to k x median."""
