@@ -19,6 +19,7 @@ from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding, Incident, IncidentState
 from analyzer.rules import Rule
+from collector.podmeta import JOB_LABELS
 from collector.signal import Signal
 from healer.cluster import Cluster
 from healer.gang.scheduler import GangScheduler
@@ -94,6 +95,7 @@ class Kmend:
                                  detectors=self.detectors)
         self._watermark = (0.0, 0.0)
         self._evidence_asked: set[str] = set()
+        self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
@@ -198,12 +200,31 @@ class Kmend:
         # Python stack (and a Flight Recorder dump through the debug pipe) while it is still stuck,
         # before the hang is called and before any plan restarts it. One request per node and stall.
         for job, nodes, since in self.detectors.suspects(now):
+            if self._pods_finished(job):
+                self.detectors.end_job(job, now)
+                continue
             for node in nodes:
                 rid = f"stack-dump:{job}:{since:.3f}:{node}"
                 if rid in self._evidence_asked:
                     continue
                 self._evidence_asked.add(rid)
                 self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+
+    def _pods_finished(self, job: str) -> bool:
+        """Whether the API shows every pod of the job Succeeded, Failed or being deleted (asked at most every 5 s)."""
+        wall = self.clock()
+        if self._pods_checked.get(job, 0.0) > wall:
+            return False
+        self._pods_checked[job] = wall + 5.0
+        for key, _ in JOB_LABELS:
+            try:
+                pods = self.workloads.list_pods(selector={key: job})
+            except Exception:
+                log.debug("pods of %s unavailable; the job's logs decide", job, exc_info=True)
+                return False
+            if pods:
+                return all(p.phase in ("Succeeded", "Failed") or p.terminating for p in pods)
+        return False
 
     def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
         """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""

@@ -59,6 +59,12 @@ class DetectorSuite:
         self.stacks.add(job, sample, ts, ranks=ranks)
         self.watermark = max(self.watermark, ts)
 
+    def end_job(self, job: str, ts: float) -> None:
+        """The job's pods are done (the API says so): its silence from now on is no hang."""
+        state = self.book.jobs.get(job)
+        if state is not None and state.ended_at is None:
+            state.ended_at = ts
+
     def suspects(self, now: float) -> list[tuple[str, list[str], float]]:
         """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""
         return [(job, sorted(self.book.nodes_of(job)), since) for job, since in self.hang.suspects(now)]
