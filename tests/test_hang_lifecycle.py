@@ -252,3 +252,19 @@ def test_a_checkpoint_or_evaluation_announced_in_the_logs_stays_silent(pause: st
     batches.append((t + 0.1, [line("ck", 0, t + 0.1, pause, 5000)]))
     after, t2 = steps("ck", 41, 50, t + 300, step_s=0.5)
     assert hangs(run(analyzer(), batches + after, until=t2 + 5)) == []
+
+
+def test_stacks_taken_in_a_stall_that_then_resumes_raise_nothing() -> None:
+    # The service asks for stacks at half the threshold; a data-loader stall that clears is no hang.
+    an = analyzer()
+    first, t = steps("slow", 1, 40, T0, step_s=0.2)
+    run(an, first, until=t + 6)
+    suite = an.detectors
+    assert suite is not None
+    for r in range(4):
+        text = _stack("stuck_in_sleep.txt" if r == 2 else "waiting_in_all_reduce.txt")
+        suite.add_stack("slow", StackSample(rank=r, node=f"node-{r // 2}", pid=100 + r, text=text), t + 6.5)
+    after, t2 = steps("slow", 41, 80, t + 8, step_s=0.2)
+    found = run(an, after, until=t2 + 5)
+    assert [f for f in found if f.fault_class is FaultClass.HANG] == []
+    assert an.correlator.incidents() == []

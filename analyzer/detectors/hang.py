@@ -96,6 +96,17 @@ class HangDetector:
                 out.append((name, newest))
         return out
 
+    def verdict(self, name: str, since: float) -> bool | None:
+        """For evidence taken at `since`: True once the stall it was taken in is called a hang, False when the
+        job progressed (or ended) after it, None while undecided."""
+        job = self.book.jobs.get(name)
+        if job is None or job.finished or not job.ranks:
+            return False
+        newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+        if newest > since:
+            return False
+        return True if self._reported.get(name) == (job.run, newest) else None
+
     def _paused(self, job: JobState, now: float) -> bool:
         return job.paused_at is not None and now - job.paused_at < self.config.max_pause_s
 

@@ -12,7 +12,7 @@ name the ranks outside the collective.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from analyzer.detectors import HANG_CAUSES
@@ -21,6 +21,9 @@ from analyzer.records import Action, FaultClass, Finding, Location, Severity
 DETECTOR_ID = "stack-dump"
 MAX_STACK_CHARS = 16384
 """Longer dumps are cut (a process with hundreds of threads); the main thread comes first."""
+
+MAX_WAIT_S = 3600.0
+"""Stacks of a job that is neither called hung nor progressing this long after are dropped."""
 
 _FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
 _THREAD = re.compile(r'^Thread (?P<id>\S+) \((?P<state>[^)]*)\): "(?P<name>[^"]*)"')
@@ -93,17 +96,27 @@ class StackDetector:
         if ranks:
             self._expected[job] = ranks
 
-    def evaluate(self, now: float) -> list[Finding]:
-        """Findings for jobs whose stacks stopped arriving `settle_s` ago (or are all in)."""
+    def evaluate(self, now: float, hung: Callable[[str, float], bool | None]) -> list[Finding]:
+        """Findings for jobs whose stacks settled (stopped arriving `settle_s` ago, or all in) and that hang.
+
+        Stacks are asked for when a job is only suspected: they become a finding once
+        `hung(job, since)` says the stall was called a hang, and are dropped when it says
+        the job made progress after they were taken (None: not decided yet).
+        """
         out: list[Finding] = []
         for job in list(self._stacks):
             got = self._stacks[job]
             complete = len(got) >= self._expected.get(job, 1 << 30)
             if not complete and now - self._last[job] < self.settle_s:
                 continue
+            verdict = hung(job, self._last[job])
+            if verdict is None and now - self._last[job] < MAX_WAIT_S:
+                continue
             del self._stacks[job]
             self._expected.pop(job, None)
-            out.append(self._finding(job, got, self._last.pop(job)))
+            last = self._last.pop(job)
+            if verdict:
+                out.append(self._finding(job, got, max(now, last)))
         return out
 
     def _finding(self, job: str, stacks: Mapping[int, StackSample], ts: float) -> Finding:

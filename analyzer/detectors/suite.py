@@ -78,7 +78,7 @@ class DetectorSuite:
     def evaluate(self, now: float) -> list[Finding]:
         """Every detector's findings at `now`; each finding is emitted once."""
         found = self.hang.evaluate(now) + self.straggler.evaluate(now) + self.witnesses.evaluate(now)
-        found += self.stacks.evaluate(now)
+        found += self.stacks.evaluate(now, self.hang.verdict)
         self.book.expire(now, self.forget_after_s)
         for f in self.flight_recorder.evaluate(now):
             found.append(self._placed(f))
