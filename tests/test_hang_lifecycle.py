@@ -268,3 +268,19 @@ def test_stacks_taken_in_a_stall_that_then_resumes_raise_nothing() -> None:
     found = run(an, after, until=t2 + 5)
     assert [f for f in found if f.fault_class is FaultClass.HANG] == []
     assert an.correlator.incidents() == []
+
+
+@pytest.mark.parametrize("end_line", [
+    # rules/progress/lifecycle.yaml, lines from the URLs there
+    "{'train_runtime': 116.1914, 'train_samples_per_second': 6.885, 'train_steps_per_second': 1.721, "
+    "'train_loss': 2.819730052947998, 'epoch': 0.15}",
+    "Training completed. Do not forget to share your model on huggingface.co/models =)",
+    "`Trainer.fit` stopped: `max_epochs=1` reached.",
+    "[after training is done] datetime: 2025-04-14 18:16:35 ",
+    "W1130 12:13:49.388000 124326 torch/distributed/elastic/agent/server/api.py:723] Received 15 death signal, "
+    "shutting down workers",
+])
+def test_each_end_of_training_line_ends_the_run_quietly(end_line: str) -> None:
+    batches, t = steps("e", 1, 40, T0, step_s=0.5)
+    batches.append((t + 0.2, [line("e", 0, t + 0.2, end_line, 7000)]))
+    assert hangs(run(analyzer(), batches, until=t + 120)) == []
