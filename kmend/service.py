@@ -199,16 +199,21 @@ class Kmend:
         # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's
         # Python stack (and a Flight Recorder dump through the debug pipe) while it is still stuck,
         # before the hang is called and before any plan restarts it. One request per node and stall.
-        for job, nodes, since in self.detectors.suspects(now):
+        current: set[str] = set()
+        suspects = self.detectors.suspects(now)
+        for job, nodes, since in suspects:
             if self._pods_finished(job):
                 self.detectors.end_job(job, now)
                 continue
             for node in nodes:
                 rid = f"stack-dump:{job}:{since:.3f}:{node}"
-                if rid in self._evidence_asked:
-                    continue
-                self._evidence_asked.add(rid)
-                self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+                current.add(rid)
+                if rid not in self._evidence_asked:
+                    self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+        # Only stalls still under way are remembered (the ledger keeps the requests themselves).
+        self._evidence_asked = current
+        jobs = {job for job, _, _ in suspects}
+        self._pods_checked = {j: t for j, t in self._pods_checked.items() if j in jobs}
 
     def _pods_finished(self, job: str) -> bool:
         """Whether the API shows every pod of the job Succeeded, Failed or being deleted (asked at most every 5 s)."""
