@@ -303,7 +303,8 @@ def bench_lifecycle(trials: int, rng: random.Random) -> dict[str, Any]:
     per = trials // len(kinds)
     return {"trials": trials, "hang_findings": wrong, "restarted_then_hung_detected": f"{caught}/{per}",
             "restarted_then_hung_delay_s_max": round(max(delays), 1) if delays else None,
-            "simulated": "16 ranks, steps 0.5-10 s, hiccups as in the fleet below; end line (Hugging Face final metrics dict); deletion (torchrun's "
+            "simulated": "16 ranks, steps 0.5-10 s, hiccups as in the fleet below; end line (Hugging Face final "
+                         "metrics dict); deletion (torchrun's "
                          "SIGTERM line, pods removed 1-30 s later); pods replaced the same way and resumed 10-30 "
                          "steps back after 1-3 min; announced checkpoint of 1-15 min; watched for 15 min after"}
 
