@@ -29,12 +29,14 @@ DEFAULT_WINDOW_S = 1200.0
 JOB_FAILURE_CLASSES = frozenset({FaultClass.NCCL_TIMEOUT, FaultClass.NCCL_ERROR, FaultClass.HANG})
 """Symptoms of one job-wide failure: every rank's timeout, the hang, torchrun's ChildFailedError."""
 
-NARROWING_RULES = {"flight-recorder": 3, "hang-detector": 2}
+NARROWING_RULES = {"flight-recorder": 4, "stack-dump": 3, "timeout-witnesses": 3, "hang-detector": 2}
 """Detectors that can name the culprit rank of a job-wide failure, most specific first.
 
 Without a hardware cause, a job-failure incident's root is, in order: the ranks the
-Flight Recorder found missing from the collective, then the rank whose progress
-stopped first (hang detector), then whatever symptom came first.
+Flight Recorder found missing from the collective, then the rank whose Python stack
+is outside the collective the others wait in or the rank that never reported the
+timeout its peers hit, then the rank whose progress stopped first (hang detector),
+then whatever symptom came first.
 """
 
 

@@ -69,6 +69,8 @@ class Analyzer:
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals)
+        if self.detectors is not None and found:
+            self.detectors.observe_findings(found)
         return found + self.escalator.observe_all(found)
 
     def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:

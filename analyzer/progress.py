@@ -14,6 +14,9 @@ from analyzer.progress_rules import Extracted, ProgressKind, ProgressRule
 from collector.identity import line_rank, strip_rank_prefix
 from collector.signal import LogLine, ProgressSample, Signal
 
+_KINDS = {"step": ProgressKind.STEP, "end": ProgressKind.END, "exit": ProgressKind.EXIT}
+"""A progress sample's event to the event kind."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProgressEvent:
@@ -73,7 +76,7 @@ class ProgressExtractor:
         for sig in signals:
             p = sig.payload
             if isinstance(p, ProgressSample):
-                out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=ProgressKind.STEP,
+                out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=_KINDS[p.event],
                                          step=p.step, step_time=p.step_time, phases=dict(p.phases),
                                          signal_id=sig.id))
             elif isinstance(p, LogLine) and self.rules:

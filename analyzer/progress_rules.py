@@ -28,6 +28,10 @@ class ProgressKind(StrEnum):
     """A planned pause started (checkpoint write, evaluation pass): no steps for a while is fine."""
     RESUME = "resume"
     """The planned pause ended; the stall clock restarts here."""
+    END = "end"
+    """The run finished (the trainer's end-of-training line, the hook's ``finish()``): silence is no hang."""
+    EXIT = "exit"
+    """The rank's container is gone (reported by the collector, never matched by a rule)."""
 
 
 GROUPS = frozenset({"step", "total", "step_time_ms", "step_time_s", "s_per_it", "it_per_s", "rank", "epoch", "tps"})

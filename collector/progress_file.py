@@ -114,8 +114,11 @@ class ProgressFileSource:
             rec = json.loads(raw)
             phases = {str(k): float(v) for k, v in dict(rec.get("phases") or {}).items()}
             st = rec.get("step_time")
+            event = str(rec.get("event") or "step")
+            if event not in ("step", "end"):
+                raise ValueError(event)
             sample = ProgressSample(job=self._job(rec), rank=int(rec["rank"]), step=int(rec["step"]),
-                                    step_time=None if st is None else float(st), phases=phases)
+                                    step_time=None if st is None else float(st), phases=phases, event=event)
             ts = float(rec["ts"])
         except (ValueError, KeyError, TypeError, AttributeError):
             self.skipped += 1

@@ -1,4 +1,4 @@
-"""Progress hook for training scripts: ``report_step(step, step_time, phases=None)``.
+"""Progress hook for training scripts: ``report_step(step, step_time, phases=None)`` and ``finish()``.
 
 Standard library only, so a training image needs nothing else (the file can also be
 copied into a project as is). Each rank appends one JSON line per step to
@@ -59,12 +59,23 @@ class ProgressReporter:
         self.path = Path(directory) / f"{_safe(job)}.rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open across steps
+        self._last = 0
 
     def report_step(self, step: int, step_time: float | None = None,
                     phases: Mapping[str, float] | None = None, *, ts: float | None = None) -> None:
         """Record that `step` finished, taking `step_time` seconds (phases: seconds per phase)."""
         rec = _record(time.time() if ts is None else ts, self.job, self.rank, step, step_time, phases)
+        self._last = int(step)
         with contextlib.suppress(OSError):  # a full disk must not stop training
+            self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def finish(self, step: int | None = None, *, ts: float | None = None) -> None:
+        """Record that the run finished (after `step`, default the last reported): its silence is no hang."""
+        if step is not None:
+            self._last = int(step)
+        rec = _record(time.time() if ts is None else ts, self.job, self.rank, self._last, None, None)
+        rec["event"] = "end"
+        with contextlib.suppress(OSError):
             self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
@@ -92,6 +103,19 @@ def report_step(step: int, step_time: float | None = None, phases: Mapping[str, 
     Opens, appends and closes the file each time: no state is kept in the module, and a
     step takes far longer than the append.
     """
+    _append(step, step_time, phases, None)
+
+
+def finish(step: int = 0) -> None:
+    """Report that this rank's run finished normally (call after the last step).
+
+    A job that stops reporting because it is done then raises no hang. `step` is the last
+    step (0 when unknown: the detectors keep the last one they saw).
+    """
+    _append(step, None, None, "end")
+
+
+def _append(step: int, step_time: float | None, phases: Mapping[str, float] | None, event: str | None) -> None:
     directory = os.environ.get(ENV_DIR)
     if not directory:
         return
@@ -102,6 +126,8 @@ def report_step(step: int, step_time: float | None = None, phases: Mapping[str, 
     rec.update(launcher_env())
     if not named:
         rec["job_from_pod"] = True  # no explicit name: the agent uses the pod's job when it knows the pod
+    if event:
+        rec["event"] = event
     line = json.dumps(rec, separators=(",", ":")) + "\n"
     path = Path(directory) / f"{_safe(job)}.rank{rank}.jsonl"
     with contextlib.suppress(OSError):  # a full or missing disk must not stop training

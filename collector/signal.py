@@ -63,6 +63,8 @@ class ProgressSample:
     """Seconds the step took, if the trainer reports it."""
     phases: Mapping[str, float] = field(default_factory=dict)
     """Optional per-phase seconds (forward, backward, optimizer, comm_wait)."""
+    event: str = "step"
+    """``step`` (`step` finished), ``end`` (the run finished) or ``exit`` (the rank's container is gone)."""
 
 
 Payload = LogLine | MetricSample | ProgressSample

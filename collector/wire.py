@@ -56,6 +56,7 @@ class ProgressPayload(_Strict):
     step: int = Field(ge=0)
     step_time: float | None = Field(default=None, ge=0)
     phases: dict[Text, float] = Field(default_factory=dict, max_length=64)
+    event: Literal["step", "end", "exit"] = "step"
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -86,7 +87,7 @@ def to_record(s: SignalIn) -> Signal:
     elif isinstance(p, MetricPayload):
         payload = MetricSample(p.name, p.value, dict(p.labels))
     else:
-        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases))
+        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event)
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -108,4 +109,6 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body["step_time"] = p.step_time
         if p.phases:
             body["phases"] = dict(p.phases)
+        if p.event != "step":
+            body["event"] = p.event
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

@@ -26,6 +26,7 @@ from kmend.api import (
     plans,
     signals,
     spares,
+    stacks,
 )
 from kmend.api.deps import Caller, ReadAuth, ReviewCache, describe
 from kmend.api.limits import BodyLimit
@@ -84,7 +85,8 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True,
     # Every body is bounded while it is read, before any route or JSON parser sees it.
     app.add_middleware(BodyLimit, max_bytes=settings.max_batch_bytes)
     for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
-              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router, console.router):
+              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router, console.router,
+              stacks.router):
         app.include_router(r)
 
     @app.middleware("http")

@@ -170,7 +170,9 @@ def _quarantined(client: httpx.Client, node: str) -> bool:
 
 def _pending_request(client: httpx.Client, node: str) -> dict[str, Any] | None:
     reqs: list[dict[str, Any]] = client.get(f"/v1/nodes/{node}/requests").json()["requests"]
-    return reqs[0] if reqs else None
+    # The platform answers repairs; stack_dump requests are the node agent's (there is none in the demo).
+    repairs = [r for r in reqs if r["kind"] != "stack_dump"]
+    return repairs[0] if repairs else None
 
 
 def _plans_done(client: httpx.Client) -> bool:

@@ -84,7 +84,7 @@ class StragglerDetector:
     def __init__(self, book: JobBook, config: StragglerConfig | None = None) -> None:
         self.book = book
         self.config = config or StragglerConfig()
-        self._last_step: dict[str, int] = {}
+        self._last_step: dict[str, tuple[int, int]] = {}
         self._ranks: dict[tuple[str, int], _Episode] = {}
         self._nodes: dict[tuple[str, str], _Episode] = {}
         self.failures: list[tuple[str, str]] = []
@@ -95,9 +95,17 @@ class StragglerDetector:
         """Findings for jobs whose step advanced since the last evaluation."""
         out: list[Finding] = []
         for name, job in self.book.jobs.items():
-            if job.max_step <= self._last_step.get(name, -1):
+            run, seen = self._last_step.get(name, (job.run, -1))
+            if run != job.run:
+                # A new run of the job: earlier episodes and steps belong to the old one.
+                seen = -1
+                for rk in [k for k in self._ranks if k[0] == name]:
+                    del self._ranks[rk]
+                for nk in [k for k in self._nodes if k[0] == name]:
+                    del self._nodes[nk]
+            if job.max_step <= seen:
                 continue
-            self._last_step[name] = job.max_step
+            self._last_step[name] = (job.run, job.max_step)
             try:
                 evidence = self._node_evidence(name)
                 found = self._score_ranks(name, job, now, evidence)

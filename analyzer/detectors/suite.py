@@ -9,7 +9,9 @@ from typing import TypeVar
 from analyzer.detectors.book import JobBook
 from analyzer.detectors.flight_recorder import Dump, FlightRecorderDetector, RankDump, SettledJob, load_dump
 from analyzer.detectors.hang import HangConfig, HangDetector
+from analyzer.detectors.stacks import StackDetector, StackSample
 from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
+from analyzer.detectors.witnesses import WitnessDetector
 from analyzer.progress import ProgressEvent, ProgressExtractor
 from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding
@@ -35,7 +37,8 @@ class DetectorFailure:
 
 
 class DetectorSuite:
-    """Progress extraction, the shared job book, and the hang, straggler and Flight Recorder detectors."""
+    """Progress extraction, the shared job book, and the hang, straggler, Flight Recorder, timeout-witness
+    and stack-dump detectors."""
 
     def __init__(self, progress_rules: Sequence[ProgressRule] = (), *, hang: HangConfig | None = None,
                  straggler: StragglerConfig | None = None, flight_recorder_settle_s: float = 10.0,
@@ -45,6 +48,8 @@ class DetectorSuite:
         self.hang = HangDetector(self.book, hang)
         self.straggler = StragglerDetector(self.book, straggler)
         self.flight_recorder = FlightRecorderDetector(settle_s=flight_recorder_settle_s)
+        self.witnesses = WitnessDetector(self.book)
+        self.stacks = StackDetector()
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
@@ -62,6 +67,27 @@ class DetectorSuite:
             if sig.ts > self.watermark:
                 self.watermark = sig.ts
         return events
+
+    def observe_findings(self, findings: Sequence[Finding]) -> None:
+        """Rule findings of a batch: collective-timeout lines say which ranks were left waiting."""
+        self.witnesses.observe(list(findings))
+
+    def add_stack(self, job: str, sample: StackSample, ts: float) -> None:
+        """Keep one rank's Python stack dump (captured by the node agent on a suspected hang)."""
+        state = self.book.jobs.get(job)
+        ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
+        self.stacks.add(job, sample, ts, ranks=ranks)
+        self.watermark = max(self.watermark, ts)
+
+    def end_job(self, job: str, ts: float) -> None:
+        """The job's pods are done (the API says so): its silence from now on is no hang."""
+        state = self.book.jobs.get(job)
+        if state is not None and state.ended_at is None:
+            state.ended_at = ts
+
+    def suspects(self, now: float) -> list[tuple[str, list[str], float]]:
+        """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""
+        return [(job, sorted(self.book.nodes_of(job)), since) for job, since in self.hang.suspects(now)]
 
     def add_flight_recorder_dump(self, job: str, rank: int, node: str, data: bytes, ts: float,
                                  source: str = "") -> None:
@@ -101,6 +127,8 @@ class DetectorSuite:
         found += self._guarded("straggler", lambda: self.straggler.evaluate(now))
         self._failures.extend(DetectorFailure("straggler", why, job) for job, why in self.straggler.failures)
         self.straggler.failures.clear()
+        found += self._guarded("witnesses", lambda: self.witnesses.evaluate(now))
+        found += self._guarded("stacks", lambda: self.stacks.evaluate(now, self.hang.verdict))
         self.book.expire(now, self.forget_after_s)
         fr = list(judged or ())
         fr += self.judge_dumps(self._guarded(self.flight_recorder.id, lambda: self.take_settled_dumps(now)))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from collector.identity import line_rank, pod_identity, strip_rank_prefix
 from collector.podmeta import PodMetadataProvider
-from collector.signal import LogLine, Signal, Source
+from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Clock, Cursor, LinePrefilter, Poll
 from collector.sources.tail import Chunk, RotatingFile, lines_of
 
@@ -211,6 +211,11 @@ class CriLogSource:
                     cursors[fp] = None
                 del self._streams[key]
                 self._failing.discard(key)
+                if st.job is not None and st.rank is not None:
+                    # A rank of a known job is gone (completed and removed, or deleted): its silence
+                    # from now on is no hang.
+                    signals.append(Signal(f"{self.node}/container/{'/'.join(key)}/exit", self.node, Source.CONTAINER,
+                                          self.clock(), ProgressSample(st.job, st.rank, 0, event="exit")))
                 continue
             if st.job is None and st.rank is None:
                 ident = self._pod_identity(st.pod)

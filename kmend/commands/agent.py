@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -42,6 +45,7 @@ from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
 from collector.spool import DiskSpool, Value
+from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder
 from collector.validate import node_name_problem
 from healer.checkpoints import discover_json
 from kmend.errors import ConfigError, from_validation
@@ -88,7 +92,8 @@ class AgentSettings(BaseSettings):
                                                         "of the training pods, a hostPath)")
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
     node_requests: bool = Field(True, description="poll the service for GPU resets and checkpoint searches")
-    request_interval: float = Field(10.0, gt=0, description="seconds between polls of the node's requests")
+    request_interval: float = Field(5.0, gt=0, description="seconds between polls of the node's requests (GPU "
+                                                           "resets, checkpoint searches, stack dumps on a hang)")
     gpu_reset: bool = Field(True, description="carry out GPU resets (needs NVML, nvidia-smi and root)")
     nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi binary used for --gpu-reset")
     gpu_idle_timeout_s: float = Field(600.0, gt=0, description="how long a reset waits for the GPU to go idle")
@@ -97,6 +102,9 @@ class AgentSettings(BaseSettings):
     pod_labels_file: Path | None = Field(None, description="JSON or YAML file mapping 'namespace/pod' (or 'pod') to "
                                                            "its labels, for nodes without API access")
     job: str | None = Field(None, description="job name for every pod on this node (off-cluster, one job per node)")
+    stacks: bool = Field(True, description="answer the service's stack_dump requests with py-spy (needs host PID "
+                                           "namespace and SYS_PTRACE)")
+    py_spy: str = Field("py-spy", description="py-spy executable (name on PATH or path)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
 
@@ -169,6 +177,11 @@ def pod_metadata(settings: AgentSettings) -> PodMetadataProvider | None:
     return KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
 
 
+def _py_spy(name: str) -> str | None:
+    # Installed with kmend, py-spy sits beside the interpreter even when that directory is not on PATH.
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+
+
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
     """An agent for these settings, resuming from the checkpoint in ``state_dir``."""
     metrics = metrics or AgentMetrics()
@@ -235,6 +248,16 @@ def build_request_runner(settings: AgentSettings) -> NodeRequestRunner | None:
         except Exception as exc:
             log.info("GPU reset not offered on this node (NVML unavailable: %s)", exc)
     handlers["find_checkpoint"] = FindCheckpointHandler(proc_root=settings.proc_root, discover=discover_json)
+    if settings.stacks:
+        binary = _py_spy(settings.py_spy)
+        if binary is None:
+            log.warning("py-spy not found (%s): stack_dump requests are not answered", settings.py_spy)
+        else:
+            finder = ProcessFinder(proc_root=settings.proc_root, pods_root=settings.pods_root,
+                                   pod_metadata=pod_metadata(settings))
+            handlers["stack_dump"] = StackRequestResponder(url=settings.service_url, node=settings.node,
+                                                           finder=finder, dumper=PySpyDumper(binary),
+                                                           token=settings.bearer(), clock=time.monotonic)
     client = HttpNodeRequestClient(settings.service_url, token=settings.bearer())
     return NodeRequestRunner(node=settings.node, client=client, interval=settings.request_interval,
                              journal=RequestJournal(settings.state_dir / "requests.json"), handlers=handlers)
@@ -266,6 +289,7 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--nvidia-smi", {"help": "nvidia-smi binary for GPU resets"}),
     ("--gpu-idle-timeout-s", {"type": float, "help": "how long a GPU reset waits for the GPU to go idle"}),
     ("--proc-root", {"type": Path, "help": "the host's /proc (pods' filesystems for checkpoint searches)"}),
+    ("--py-spy", {"help": "py-spy executable for stack dumps on a suspected hang"}),
 )
 
 
@@ -283,13 +307,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="do not poll for GPU resets and checkpoint searches")
     p.add_argument("--no-gpu-reset", dest="gpu_reset", action="store_false", default=None,
                    help="never reset a GPU on this node")
+    p.add_argument("--no-stacks", dest="stacks", action="store_false", default=None,
+                   help="do not capture Python stacks of training processes on a suspected hang")
     p.set_defaults(func=run)
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
     """Environment first, flags override."""
     keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels",
-                                                                    "node_requests", "gpu_reset"]
+                                                                    "node_requests", "gpu_reset", "stacks"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     try:
         return AgentSettings(**overrides)
