@@ -133,7 +133,7 @@ class _TokenReviewAPI(BaseHTTPRequestHandler):
 def test_the_kube_token_reviewer_speaks_the_tokenreview_api() -> None:
     from kubernetes import client
 
-    from healer.kube_tokenreview import KubeTokenReviewer
+    from healer.kube.tokenreview import KubeTokenReviewer
 
     server = HTTPServer(("127.0.0.1", 0), _TokenReviewAPI)
     threading.Thread(target=server.serve_forever, daemon=True).start()

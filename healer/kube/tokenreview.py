@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client, config
 
 from healer.identity import Identity
-from healer.kube import call_api
+from healer.kube.cluster import call_api
 
 
 class KubeTokenReviewer:
