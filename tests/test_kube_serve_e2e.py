@@ -162,7 +162,7 @@ def test_serve_against_a_strict_api_server_heals_an_xid79_end_to_end(tmp_path: P
             proc.wait(timeout=20)
         steps = [(s["kind"], s["state"], s["result"]) for s in final["steps"]]
         assert final["state"] == "succeeded", steps
-        forbidden = [line for line in log.read_text().splitlines() if "403" in line or "Forbidden" in line]
+        forbidden = [line for line in log.read_text().splitlines() if "Forbidden" in line or "(403)" in line]
         assert forbidden == [], forbidden[:5]
         # Evicted through the API, recreated by the "operator", bound by kmend's scheduler: off gpu-1, one on a spare.
         bound = {name: p["spec"].get("nodeName") for (ns, name), p in api.pods.items() if ns == NS}
