@@ -31,8 +31,11 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
+# Two workers on CI's two cores: the long real-job, real-server and browser tests run beside the fast ones.
+PYTEST_WORKERS ?= 2
+
 unit: $(VENV)/.installed-dev
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --durations=15
 
 test: lint typecheck unit
 
