@@ -237,4 +237,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"incidents": [incident_json(i) for i in incidents]}, indent=2))
     else:
         print(render_table(incidents))
-    return 0
+    return 0 if getattr(args, "exit_zero", False) else exit_code(incidents)
+
+
+EXIT_CLEAN, EXIT_HARDWARE, EXIT_OTHER = 0, 3, 4
+"""``kmend analyze`` exit codes: nothing found; a hardware fault (a node or GPU at fault: gate a pre-flight
+or CI job on it); only application or undetermined incidents. 2 is a bad rule pack or unreadable input."""
+
+
+def exit_code(incidents: Sequence[Incident]) -> int:
+    """The exit code for what the bundle showed."""
+    if not incidents:
+        return EXIT_CLEAN
+    return EXIT_HARDWARE if any(i.hardware for i in incidents) else EXIT_OTHER

@@ -31,7 +31,7 @@ def _bundle(root: Path, lag: dict[int, float], *, period: float = 0.3, steps: in
 
 def _analyze(capsys: pytest.CaptureFixture[str], path: Path) -> list[dict[str, Any]]:
     args = build_parser().parse_args(["analyze", str(path), "--format", "json"])
-    assert args.func(args) == 0
+    assert args.func(args) in (0, 3, 4)  # the codes say what was found (tests/test_analyze.py checks them)
     out: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["incidents"]
     return out
 

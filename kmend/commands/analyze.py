@@ -22,11 +22,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="rule pack file or directory (repeatable; default: the shipped packs)")
     p.add_argument("--window", type=float, default=None, metavar="SECONDS",
                    help="how far apart a cause and its symptoms may be (default: the whole bundle)")
+    p.add_argument("--exit-zero", action="store_true",
+                   help="exit 0 whatever is found (default: 3 for a hardware fault, 4 for other incidents)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Diagnose the bundle; exit code 0, or 2 on a bad rule pack or unreadable input."""
+    """Diagnose the bundle. Exit codes: 0 nothing found, 3 a hardware fault, 4 only application or undetermined
+    incidents, 2 a bad rule pack or unreadable input."""
     # Imported here: the rule engine and the detectors (scikit-learn) are not for `kmend agent`.
     from kmend.bundle_analysis import run as analyze
 
