@@ -10,7 +10,7 @@ from analyzer.detectors.suite import DetectorSuite
 from analyzer.engine import Backend
 from analyzer.escalate import Escalator
 from analyzer.matcher import FastMatcher
-from analyzer.records import Finding, Incident
+from analyzer.records import SEVERITY_RANK, Finding, Incident
 from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
 
@@ -34,14 +34,27 @@ def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
     return {(job, node) for job, node in pairs if job}
 
 
+def strongest_per_signal(found: Sequence[Finding]) -> list[Finding]:
+    """One finding per evidence signal: the most severe, the first in rule order on a tie."""
+    best: dict[str, Finding] = {}
+    for f in found:
+        key = f.evidence[0] if f.evidence else f.id
+        cur = best.get(key)
+        if cur is None or SEVERITY_RANK[f.severity] > SEVERITY_RANK[cur.severity]:
+            best[key] = f
+    return list(best.values())
+
+
 class Analyzer:
     """Matches rules on signal batches and folds the findings into incidents."""
 
     def __init__(
         self, rules: Sequence[Rule], *, correlator: Correlator | None = None, backend: Backend | None = None,
-        detectors: DetectorSuite | None = None,
+        detectors: DetectorSuite | None = None, one_finding_per_signal: bool = False,
     ) -> None:
         self.rules = tuple(rules)
+        # A folded multi-line event (an AER dump, a traceback) is one signal and must be one finding.
+        self.one_finding_per_signal = one_finding_per_signal
         self.matcher = FastMatcher(self.rules, backend=backend)
         self.escalator = Escalator(self.rules)
         self.correlator = correlator or Correlator()
@@ -54,6 +67,8 @@ class Analyzer:
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals)
+        if self.one_finding_per_signal and len(found) > 1:
+            found = strongest_per_signal(found)
         return found + self.escalator.observe_all(found)
 
     def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from collector.flight_recorder import parse_dump_name
+from collector.normalize import Prefix, group_events, strip_prefix
 from collector.signal import LogLine, Signal, Source
 from collector.timestamps import parse_timestamp
 
@@ -59,14 +60,20 @@ class LogFile:
 
 @dataclass(slots=True)
 class FileLines:
-    """The lines of one file, prefixes stripped, with per-line prefix facts kept aside."""
+    """The events of one file (prefixes stripped, multi-line events folded), with per-line facts aside."""
 
     file: LogFile
     """Where they came from."""
     texts: list[str]
-    """Line contents, as rules see them."""
+    """Event texts, as rules see them."""
+    heads: list[int]
+    """Line index (in ``raw``) of each event's head."""
+    raw: list[str]
+    """Every line as read, container-runtime and kubectl prefixes off (timestamps and hosts live here)."""
     stamps: list[str | None]
     """The runtime's timestamp prefix of each line, when it had one."""
+    prefixes: list[Prefix]
+    """What each line's syslog/dmesg/kmsg prefix said."""
     pods: dict[int, tuple[str, str]] = field(default_factory=dict)
     """Pod and container of lines from a ``kubectl logs --prefix`` dump, by line index."""
 
@@ -75,6 +82,8 @@ _PODS_DIR = re.compile(r"^(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,
 _KERNEL_NAME = re.compile(r"(?:^|[-_.])(?:dmesg|kern|kernel|kmsg|messages|syslog|journal)(?:$|[-_.])", re.I)
 _KERNEL_LINE = re.compile(
     r"^\s*(?:<\d>)?\[\s*\d+\.\d+\]|\bkernel: |^\s*\[\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4}\]|^\s*kern\s*:"
+    # Messages only the kernel writes, copied into a container's log (the GPU operator's driver pod).
+    r"|^\s*NVRM: |^\s*(?:pcieport|nvidia) [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]: "
 )
 _CRI = re.compile(r"^(\S+) (?:stdout|stderr) ([PF]) ?(.*)$")
 _KUBECTL_PREFIX = re.compile(r"^\[pod/([^/\]]+)/([^\]]+)\] (.*)$")
@@ -209,22 +218,27 @@ class BundleSource:
         if partial:
             texts.append(partial)
             stamps.append(None)
-        return FileLines(file=f, texts=texts, stamps=stamps, pods=pods)
+        prefixes = [strip_prefix(t) for t in texts]
+        bare = [t[p.length:] if p.length else t for t, p in zip(texts, prefixes, strict=True)]
+        events = group_events(bare, texts, [p.length > 0 for p in prefixes])
+        return FileLines(file=f, texts=[e.text for e in events], heads=[e.line for e in events], raw=texts,
+                         stamps=stamps, prefixes=prefixes, pods=pods)
 
     def signal(self, fl: FileLines, i: int) -> Signal:
-        """The Signal for line ``i`` of a file: source, node, pod metadata and time resolved."""
-        f, text = fl.file, fl.texts[i]
+        """The Signal for event ``i`` of a file: source, node, pod metadata and time resolved."""
+        f, text, line = fl.file, fl.texts[i], fl.heads[i]
+        raw, prefix = fl.raw[line], fl.prefixes[line]
         kind = f.kind
         if kind is LogKind.AUTO:
-            kind = LogKind.KERNEL if _KERNEL_LINE.search(text) else LogKind.CONTAINER
+            kind = LogKind.KERNEL if prefix.kernel or _KERNEL_LINE.search(raw) else LogKind.CONTAINER
         source = Source.KERNEL if kind is LogKind.KERNEL else Source.CONTAINER
         pod, container, job = f.pod, f.container, f.job
-        if i in fl.pods:
-            pod, container = fl.pods[i]
+        if line in fl.pods:
+            pod, container = fl.pods[line]
             job = self.job or job_from_pod(pod)
-        node = f.node or _node_from_line(text) or "unknown"
+        node = f.node or prefix.host or _node_from_line(raw) or "unknown"
         return Signal(
-            id=f"{node}:{source.value}:{f.name}:{i}", node=node, source=source, ts=_time_of(fl, i),
+            id=f"{node}:{source.value}:{f.name}:{line}", node=node, source=source, ts=_time_of(fl, line),
             payload=LogLine(text=text, namespace=f.namespace, pod=pod, container=container, job=job),
         )
 
@@ -238,7 +252,7 @@ def _time_of(fl: FileLines, i: int) -> float:
     """Time of line i: its own stamp, else the nearest earlier stamp plus line distance, else line order."""
     for j in range(i, max(i - 200, -1), -1):
         stamp = fl.stamps[j]
-        parsed = parse_timestamp(stamp) if stamp else parse_timestamp(fl.texts[j])
+        parsed = parse_timestamp(stamp) if stamp else parse_timestamp(fl.raw[j])
         if parsed is not None:
             return parsed[0] + (i - j) * 1e-6
     return float(i)

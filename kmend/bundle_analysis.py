@@ -104,7 +104,7 @@ def diagnose(args: argparse.Namespace) -> list[Incident]:
     correlator = Correlator(window_s=args.window if args.window is not None else BUNDLE_WINDOW_S, bundle=True)
     # Nothing arrives after the bundle was cut: the dumps in it are all there will be.
     detectors = DetectorSuite(progress_rules, flight_recorder_settle_s=0.0)
-    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors)
+    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors, one_finding_per_signal=True)
     source = BundleSource(args.paths, node=args.node, job=args.job)
     signals, placements, last_ts = collect(source, MultiMatcher(rules), progress_rules)
     for job, node in sorted(placements):
