@@ -5,11 +5,15 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from analyzer.engine import Backend, MultiMatcher
 from analyzer.records import Finding, Location
 from analyzer.rules import Rule
 from collector.signal import LogLine, Signal
+
+if TYPE_CHECKING:  # the evaluator imports normalize_pci from here
+    from analyzer.metric_eval import SignalEvaluator
 
 _PAYLOAD = operator.attrgetter("payload")
 _TEXT = operator.attrgetter("text")
@@ -99,18 +103,26 @@ class RegexMatcher:
 
 
 class FastMatcher:
-    """Same findings as :class:`RegexMatcher`, from one multi-pattern scan per batch."""
+    """Same findings as :class:`RegexMatcher`, from one multi-pattern scan per batch.
 
-    def __init__(self, rules: Sequence[Rule], *, backend: Backend | None = None) -> None:
+    With a :class:`SignalEvaluator`, the batch's metric samples and alerts are matched in the
+    same step; a batch of log lines only (the common case) pays nothing for it.
+    """
+
+    def __init__(self, rules: Sequence[Rule], *, backend: Backend | None = None,
+                 signals: SignalEvaluator | None = None) -> None:
         self.rules = tuple(rules)
         self.engine = MultiMatcher(self.rules, backend=backend)
+        self.signals = signals
 
     def match(self, signals: Iterable[Signal]) -> list[Finding]:
         """All findings for the log-line signals of a batch, in signal order."""
         logs: Sequence[Signal] = signals if isinstance(signals, list | tuple) else list(signals)
         payloads = list(map(_PAYLOAD, logs))
+        others: Sequence[Signal] = ()
         # A batch is nearly always all log lines: check the types once (in C) instead of per signal.
         if set(map(type, payloads)) != {LogLine}:
+            others = logs
             logs = [s for s, p in zip(logs, payloads, strict=True) if isinstance(p, LogLine)]
             payloads = list(map(_PAYLOAD, logs))
         out: list[Finding] = []
@@ -119,4 +131,6 @@ class FastMatcher:
             line = payloads[hit.line]
             if isinstance(line, LogLine) and hit.rule.applies_to(sig.source):
                 out.append(finding_from_match(hit.rule, sig, line, hit.match.groupdict()))
+        if others and self.signals is not None:
+            out.extend(self.signals.match(others))
         return out

@@ -10,7 +10,8 @@ from analyzer.detectors.suite import DetectorSuite
 from analyzer.engine import Backend
 from analyzer.escalate import Escalator
 from analyzer.matcher import FastMatcher
-from analyzer.records import SEVERITY_RANK, Finding, Incident
+from analyzer.metric_eval import SignalEvaluator
+from analyzer.records import SEVERITY_RANK, Action, Finding, Incident, Severity
 from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
 
@@ -50,13 +51,23 @@ class Analyzer:
 
     def __init__(
         self, rules: Sequence[Rule], *, correlator: Correlator | None = None, backend: Backend | None = None,
-        detectors: DetectorSuite | None = None, one_finding_per_signal: bool = False,
+        detectors: DetectorSuite | None = None, signals: SignalEvaluator | None = None,
+        matcher: FastMatcher | None = None, one_finding_per_signal: bool = False,
     ) -> None:
         self.rules = tuple(rules)
         # A folded multi-line event (an AER dump, a traceback) is one signal and must be one finding.
         self.one_finding_per_signal = one_finding_per_signal
-        self.matcher = FastMatcher(self.rules, backend=backend)
+        # Metric and alert rules keep per-series state: the caller owns it, so it outlives a rebuild.
+        # A compiled matcher without that state can be shared by analyzers of many small bundles.
+        self.matcher = matcher or FastMatcher(self.rules, backend=backend, signals=signals)
         self.escalator = Escalator(self.rules)
+        # Informational rules that escalate on a rate (corrected PCIe/EDAC errors): one line below
+        # the rate is recorded as a finding but opens no incident; only the escalation does.
+        self._below_rate = frozenset(
+            r.id for r in self.rules
+            if r.escalation is not None and r.escalation.count >= 2
+            and r.severity is Severity.INFO and r.recommended_action is Action.NONE
+        )
         self.correlator = correlator or Correlator()
         self.detectors = detectors
 
@@ -74,7 +85,9 @@ class Analyzer:
     def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:
         """Findings of a batch and the incidents they created or changed."""
         found = self.findings(signals)
-        return found, self.correlator.add_all(found)
+        below = self._below_rate
+        folded = [f for f in found if f.rule_id not in below or f.severity is not Severity.INFO] if below else found
+        return found, self.correlator.add_all(folded)
 
     def evaluate(self, now: float) -> tuple[list[Finding], list[Incident]]:
         """The detectors' verdicts at `now` (hang, straggler, Flight Recorder), folded like rule findings."""

@@ -66,6 +66,7 @@ class Shipper:
             self._headers["Authorization"] = f"Bearer {token}"
         self._backoff = 0.0
         self._retry_at = 0.0
+        self._outage_since: float | None = None
         self._dropped_seen = spool.dropped_signals
         self._update_gauges()
 
@@ -85,11 +86,19 @@ class Shipper:
         return Outcome.UNAVAILABLE
 
     def _failed(self) -> None:
+        if self._outage_since is None:
+            self._outage_since = self.clock()
+            log.info("service %s unreachable; spooling to disk (%d signals spooled so far)",
+                     self.url, self.spool.signals)
         self.metrics.ship_errors.inc()
         self._backoff = min(self.max_backoff, self._backoff * 2 if self._backoff else 1.0)
         self._retry_at = self.clock() + self._backoff
 
     def _ok(self) -> None:
+        if self._outage_since is not None:
+            log.info("service %s reachable again after %.0f s; %d spooled signals left to replay",
+                     self.url, self.clock() - self._outage_since, self.spool.signals)
+            self._outage_since = None
         self._backoff = 0.0
         self._retry_at = 0.0
 

@@ -15,6 +15,10 @@ class ClusterError(Exception):
     """Base of errors raised by Cluster adapters."""
 
 
+class ClusterConfigError(ClusterError):
+    """The cluster cannot be reached as configured (no or unreadable kubeconfig, no in-cluster account)."""
+
+
 class TemporaryError(ClusterError):
     """Retry later (409 conflict, 429, 5xx, timeouts); `delay` is a hint in seconds."""
 

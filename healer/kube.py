@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from healer.cluster import (
+    ClusterConfigError,
     ClusterEvent,
     Condition,
     NodeInfo,
@@ -31,6 +32,8 @@ from healer.cluster import (
 )
 
 T = TypeVar("T")
+NODE_EVENT_NAMESPACE = "default"
+"""Where Events about Nodes must live (cluster-scoped objects' Events go to `default`)."""
 _CONFLICT_RETRIES = 5
 
 
@@ -104,11 +107,15 @@ class KubeCluster:
     def from_config(cls, kubeconfig: str | None = None, *, in_cluster: bool = False,
                     **kwargs: Any) -> KubeCluster:
         """Build from a kubeconfig file or the in-cluster service account."""
-        if in_cluster:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient(), **kwargs)
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        try:
+            if in_cluster:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                return cls(client.ApiClient(), **kwargs)
+            cfg = client.Configuration()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError, ValueError) as exc:
+            raise ClusterConfigError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) \
+                from None
         return cls(client.ApiClient(cfg), **kwargs)
 
     def list_nodes(self) -> Sequence[NodeInfo]:
@@ -154,9 +161,12 @@ class KubeCluster:
         node: Any = call_api(self.core.read_node, event.node, _request_timeout=self.timeout)
         now = dt.datetime.now(dt.UTC)
         # A keyed event gets a name derived from its key: a retry after a crash meets 409 AlreadyExists.
+        # A Node is cluster-scoped: a real API server takes Events about it only in `default` (any other
+        # namespace is a 422 "involvedObject.namespace ... does not match event.namespace").
+        ns = NODE_EVENT_NAMESPACE
         meta = (client.V1ObjectMeta(name=f"{event.node}.kmend-{hashlib.sha256(event.key.encode()).hexdigest()[:12]}",
-                                    namespace=self.event_namespace) if event.key else
-                client.V1ObjectMeta(generate_name=f"{event.node}.kmend-", namespace=self.event_namespace))
+                                    namespace=ns) if event.key else
+                client.V1ObjectMeta(generate_name=f"{event.node}.kmend-", namespace=ns))
         body = client.CoreV1Event(
             metadata=meta,
             involved_object=client.V1ObjectReference(kind="Node", name=event.node, uid=node.metadata.uid,
@@ -166,7 +176,7 @@ class KubeCluster:
             reporting_component=self.component, reporting_instance=self.host,
             first_timestamp=now, last_timestamp=now, count=1, action="Remediate",
         )
-        create_once(self.core.create_namespaced_event, self.event_namespace, body, _request_timeout=self.timeout)
+        create_once(self.core.create_namespaced_event, ns, body, _request_timeout=self.timeout)
 
     def patch_node_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
                             annotations: Mapping[str, str | None] | None = None) -> None:

@@ -13,6 +13,7 @@ from kmend.api import (
     alerts,
     audit,
     breaker,
+    console,
     flight_recorder,
     fluentbit,
     health,
@@ -59,7 +60,7 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True) -> 
     app.state.kmend = kmend
     app.state.settings = settings
     for r in (signals.router, fluentbit.router, alerts.router, flight_recorder.router, incidents.router,
-              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router):
+              nodes.router, health.router, plans.router, spares.router, breaker.router, audit.router, console.router):
         app.include_router(r)
 
     @app.middleware("http")

@@ -14,21 +14,27 @@ collective. Their findings fold into the same incidents as the rule matches.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from analyzer.correlate import Correlator
 from analyzer.detectors.flight_recorder import DumpError
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.engine import MultiMatcher
+from analyzer.matcher import FastMatcher
+from analyzer.metric_eval import SignalEvaluator
+from analyzer.metric_rules import SignalRules, default_metric_rules_dir, load_signal_rules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
 from analyzer.records import Finding, Incident
-from analyzer.rules import RuleError, default_rules_dir, load_rules
-from collector.bundle import BundleSource
+from analyzer.rules import Rule, RuleError, default_rules_dir, load_rules
+from collector.bundle import BundleSource, LogFile
+from collector.metric_files import looks_like_scrape, scrape_signals, webhook_signals
 from collector.signal import LogLine, Signal
 
 BUNDLE_WINDOW_S = math.inf
@@ -57,6 +63,13 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
     last_ts: float | None = None
     for f in source.files():
         fl = source.lines(f)
+        metric = _metric_signals(f, fl.texts)
+        if metric is not None:
+            signals.extend(metric)
+            if metric:
+                end = max(s.ts for s in metric)
+                last_ts = end if last_ts is None else max(last_ts, end)
+            continue
         hit_lines: set[int] = _progress_lines(fl.texts, progress_rules)
         for start in range(0, len(fl.texts), BATCH_LINES):
             for hit in engine.scan(fl.texts[start:start + BATCH_LINES]):
@@ -74,6 +87,21 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
                 placements.add((line.job, sig.node))
     signals.sort(key=lambda s: s.ts)
     return signals, placements, last_ts
+
+
+def _metric_signals(f: LogFile, texts: Sequence[str]) -> list[Signal] | None:
+    """Signals of an exporter scrape or an Alertmanager webhook body in the bundle, else None."""
+    path = Path(f.name)
+    ts = path.stat().st_mtime if f.name != "-" and path.is_file() else 0.0
+    if looks_like_scrape(f.name, texts):
+        try:
+            return scrape_signals(path.name, "\n".join(texts) + "\n", node=f.node, ts=ts)
+        except ValueError as exc:
+            print(f"kmend analyze: {f.name}: not Prometheus text format: {exc}", file=sys.stderr)
+            return []
+    if f.name.endswith(".json"):
+        return webhook_signals("\n".join(texts), node=f.node, ts=ts)
+    return None
 
 
 def add_dumps(source: BundleSource, detectors: DetectorSuite, jobs: set[str], ts: float) -> int:
@@ -101,12 +129,26 @@ def diagnose(args: argparse.Namespace) -> list[Incident]:
     """Incidents of the bundle named by the parsed arguments."""
     rules = load_rules(args.rules or [default_rules_dir()])
     progress_rules = load_progress_rules([default_progress_rules_dir()])
-    correlator = Correlator(window_s=args.window if args.window is not None else BUNDLE_WINDOW_S, bundle=True)
+    source = BundleSource(args.paths, node=args.node, job=args.job)
+    window = args.window if args.window is not None else BUNDLE_WINDOW_S
+    return diagnose_source(source, rules, FastMatcher(rules), progress_rules, window)
+
+
+def diagnose_source(source: BundleSource, rules: Sequence[Rule], matcher: FastMatcher,
+                    progress_rules: Sequence[ProgressRule], window: float = BUNDLE_WINDOW_S,
+                    signal_rules: SignalRules | None = None) -> list[Incident]:
+    """Incidents of one bundle, with the rules already compiled (``kmend eval corpus`` runs many)."""
+    correlator = Correlator(window_s=window, bundle=True)
     # Nothing arrives after the bundle was cut: the dumps in it are all there will be.
     detectors = DetectorSuite(progress_rules, flight_recorder_settle_s=0.0)
-    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors, one_finding_per_signal=True)
-    source = BundleSource(args.paths, node=args.node, job=args.job)
-    signals, placements, last_ts = collect(source, MultiMatcher(rules), progress_rules)
+    # The compiled log engine is shared; metric and alert series state belongs to this bundle alone.
+    bundle_matcher = copy.copy(matcher)
+    bundle_matcher.signals = SignalEvaluator(
+        signal_rules if signal_rules is not None else load_signal_rules([default_metric_rules_dir()]),
+        xid_rules=rules)
+    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors, matcher=bundle_matcher,
+                        one_finding_per_signal=True)
+    signals, placements, last_ts = collect(source, matcher.engine, progress_rules)
     for job, node in sorted(placements):
         correlator.observe_placement(job, node)
     replay(analyzer, signals)

@@ -281,8 +281,11 @@ class Healing:
             self.metrics.spares.labels(state).set(sum(1 for s in found if s.state == state))
         return found
 
-    def requests(self, node: str, *, pending_only: bool = True) -> list[RepairRequest]:
-        """Repair requests for a node (the agent polls these)."""
+    def requests(self, node: str, *, pending_only: bool = True,
+                 capabilities: frozenset[str] | None = None) -> list[RepairRequest]:
+        """Repair requests for a node (the agent polls these, saying what it can carry out)."""
+        if capabilities is not None:
+            self.ctx.agents.seen(node, capabilities, self.ctx.clock())
         return self.store.ledger.requests_for(node, pending_only=pending_only)
 
     def answer(self, node: str, request_id: str, state: str, result: str) -> RepairRequest:

@@ -34,5 +34,9 @@ class Metrics:
         self.breaker = Gauge("kmend_healer_breaker_tripped", "1 while the quarantine circuit breaker is tripped",
                              registry=r)
         self.leader = Gauge("kmend_healer_leader", "1 while this replica holds the healer Lease", registry=r)
+        self.plans_by_state = Gauge("kmend_healer_plans_in_state",
+                                    "Plans by state (awaiting_approval, running, failed, …)", ["state"], registry=r)
+        self.healer_round = Gauge("kmend_healer_last_round_timestamp_seconds",
+                                  "When the healer loop last completed a round (a stuck loop stops it)", registry=r)
         self.api_calls = Counter("kmend_runbook_api_calls_total", "Runbook API calls, by route and status",
                                  ["route", "status"], registry=r)

@@ -14,6 +14,8 @@ from analyzer.correlate import Correlator
 from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
+from analyzer.metric_eval import SignalEvaluator
+from analyzer.metric_rules import SignalRules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding, Incident, IncidentState
@@ -26,7 +28,7 @@ from healer.lease import AlwaysLeader
 from healer.notify import Notifier
 from healer.policy import PolicyConfig
 from healer.policy_file import PolicyFile, load_policy
-from healer.records import Plan
+from healer.records import Plan, PlanState
 from healer.steps.base import StepContext
 from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
@@ -77,6 +79,8 @@ class Kmend:
         hang: HangConfig | None = None,
         straggler: StragglerConfig | None = None,
         flight_recorder_settle_s: float = 10.0,
+        checkpoint_roots: Sequence[str] | None = None,
+        signal_rules: SignalRules | None = None,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -89,13 +93,16 @@ class Kmend:
         self.scheduler = scheduler
         self.detectors = DetectorSuite(progress_rules, hang=hang, straggler=straggler,
                                        flight_recorder_settle_s=flight_recorder_settle_s)
+        self.signals = SignalEvaluator(signal_rules or SignalRules(), xid_rules=self.rules)
         self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s),
-                                 detectors=self.detectors)
+                                 detectors=self.detectors, signals=self.signals)
         self._watermark = (0.0, 0.0)
         self._next_evaluation = 0.0
+        self._next_gauges = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
-                          reservations=scheduler.reservations if scheduler else None)
+                          reservations=scheduler.reservations if scheduler else None,
+                          checkpoint_roots=None if checkpoint_roots is None else tuple(checkpoint_roots))
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
                                symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
         self._lock = threading.RLock()
@@ -123,7 +130,7 @@ class Kmend:
                 if st and st != inc.state.value:
                     corr.set_state(inc.id, IncidentState(st), now, "restored")
             # The detectors keep their state: a rolled-back batch comes again and is folded idempotently.
-            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors)
+            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals)
             self._refresh_open_gauge()
 
     # -- ingest --------------------------------------------------------------------
@@ -235,8 +242,15 @@ class Kmend:
                 log.exception("detector evaluation failed")
             try:
                 self.heal_once()
+                self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
+            if self.clock() >= self._next_gauges:
+                self._next_gauges = self.clock() + 10.0
+                try:
+                    self.refresh_gauges()
+                except Exception:
+                    log.exception("metrics refresh failed")
             self._wake.wait(self.healer.interval_s)
             self._wake.clear()
 
@@ -275,6 +289,14 @@ class Kmend:
                 out.append({"plan": p.id, "incident": p.incident_id, "kind": s.kind.value, "node": s.node,
                             "result": s.state.value, "detail": s.result, "mode": p.mode.value})
         return out
+
+    def refresh_gauges(self) -> None:
+        """Gauges that alerts read, kept fresh by the healer loop rather than by someone asking the API."""
+        counts = self.store.plan_counts()
+        self.metrics.plans_by_state.clear()
+        for state in {*(s.value for s in PlanState), *counts}:
+            self.metrics.plans_by_state.labels(state).set(counts.get(state, 0))
+        self.node_health()  # sets kmend_nodes_quarantined
 
     def _refresh_open_gauge(self) -> None:
         counts: Tally[str] = Tally()

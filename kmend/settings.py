@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from analyzer.metric_rules import default_metric_rules_dir
 from analyzer.progress_rules import default_progress_rules_dir
 from analyzer.rules import default_rules_dir
 
@@ -19,6 +20,8 @@ class Settings(BaseSettings):
 
     database_url: str = Field("sqlite:///kmend.db", description="SQLAlchemy URL; postgresql+psycopg://... for replicas")
     rules_dirs: list[Path] = Field(default_factory=lambda: [default_rules_dir()])
+    metric_rules_dirs: list[Path] = Field(default_factory=lambda: [default_metric_rules_dir()],
+                                          description="metric (NVML/DCGM/IB) and Alertmanager alert rule packs")
     host: str = "127.0.0.1"
     port: int = 8080
     ingest_token: SecretStr | None = Field(None, description="bearer token collectors must send, if set")
@@ -46,6 +49,9 @@ class Settings(BaseSettings):
     policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
     operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")
     health_check_template: Path | None = Field(None, description="validation Job template (deploy/healthcheck/)")
+    checkpoint_roots: list[str] | None = Field(
+        None, description="local paths the control plane mounts and may search for checkpoints (JSON list); "
+                          "other paths are searched by the node agent, s3:// gs:// az:// through fsspec")
     namespace: str = Field("kmend-system", description="namespace of kmend's own objects (health checks, Lease)")
     lease_name: str = "kmend-healer"
     scheduler: bool | None = Field(None, description="run the gang scheduler (default: on a real cluster only)")

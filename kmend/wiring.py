@@ -11,6 +11,7 @@ from pathlib import Path
 
 from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.straggler import StragglerConfig
+from analyzer.metric_rules import load_signal_rules
 from analyzer.progress_rules import load_progress_rules
 from analyzer.rules import load_rules
 from healer.cluster import Cluster
@@ -161,6 +162,10 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
                                   persistence=settings.straggler_persistence),
         flight_recorder_settle_s=settings.flight_recorder_settle_s,
+        # On a real cluster the control plane mounts no job volume unless told so; the simulated one is local.
+        checkpoint_roots=settings.checkpoint_roots if settings.checkpoint_roots is not None
+        else (None if isinstance(cluster, SimCluster) else []),
+        signal_rules=load_signal_rules(settings.metric_rules_dirs),
     )
     elector = kmend.healing.leader
     if isinstance(elector, LeaderElector):

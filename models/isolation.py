@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 from numpy.typing import NDArray
-from sklearn.ensemble import IsolationForest
 
 
 class NodeOutlierModel:
@@ -34,6 +33,10 @@ class NodeOutlierModel:
         self.center_ = np.median(x, axis=0)
         mad = np.median(np.abs(x - self.center_), axis=0)
         self.scale_ = np.where(mad > 0, 1.4826 * mad, np.maximum(np.abs(self.center_) * 0.01, 1e-9))
+        # Imported on first fit: scikit-learn takes about a second to import, and `kmend serve` must be
+        # ready (and `kmend analyze` done) long before a straggler check first has enough ranks to fit.
+        from sklearn.ensemble import IsolationForest
+
         self.forest_ = IsolationForest(n_estimators=self.n_estimators, contamination=self.contamination,
                                        max_samples=self.max_samples, random_state=self.random_state)
         self.forest_.fit(self._standardise(x))

@@ -33,6 +33,9 @@ from urllib.parse import parse_qs
 from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
 from tests.fake_watch import PodWatchLog
 
+CLUSTER_SCOPED_KINDS = frozenset({"Node", "PersistentVolume", "Namespace", "StorageClass", "ClusterRole"})
+"""Kinds whose Events a real API server accepts only in the `default` namespace."""
+
 
 class FakeApiServer:
     """Serve on 127.0.0.1:<free port>; `url` is the base URL for a kubeconfig/Configuration."""
@@ -269,8 +272,18 @@ class FakeApiServer:
             meta["namespace"] = m.group(1)
             if any(e["metadata"]["name"] == meta["name"] for e in self.events):
                 return self._status(409, "AlreadyExists", f'events "{meta["name"]}" already exists')
-            if not ev.get("involvedObject", {}).get("name"):
+            involved = ev.get("involvedObject", {})
+            if not involved.get("name"):
                 return self._status(422, "Invalid", "involvedObject.name: Required value")
+            # A real server (v1.36): an Event lives in its object's namespace; one about a cluster-scoped
+            # object (Node, PersistentVolume, Namespace) in `default`, with involvedObject.namespace empty.
+            obj_ns = involved.get("namespace", "")
+            if involved.get("kind") in CLUSTER_SCOPED_KINDS and (obj_ns or m.group(1) != "default"):
+                return self._status(422, "Invalid", f'Event "{meta["name"]}" is invalid: involvedObject.namespace: '
+                                                    f'Invalid value: "{obj_ns}": does not match event.namespace')
+            if involved.get("kind") not in CLUSTER_SCOPED_KINDS and obj_ns != m.group(1):
+                return self._status(422, "Invalid", f'Event "{meta["name"]}" is invalid: involvedObject.namespace: '
+                                                    f'Invalid value: "{obj_ns}": does not match event.namespace')
             self.events.append(ev)
             return 201, ev
         return self._status(404, "NotFound", f"the server could not find the requested resource {path}")

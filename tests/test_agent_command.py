@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from analyzer.rules import RuleError
 from kmend.cli import build_parser
 from kmend.commands.agent import AgentSettings, build_agent, settings_from
+from kmend.errors import ConfigError
 from tests.agent_helpers import FIXTURES, CriWriter
 
 
@@ -64,5 +70,21 @@ def test_bad_rule_pack_stops_start_up_with_its_name(tmp_path: Path) -> None:
         "    references: ['https://example.org']\n")
     settings = AgentSettings(node="n1", state_dir=tmp_path / "s", rules_dirs=[rules], nvml=False,
                              pod_labels=False)
-    with pytest.raises(RuleError, match="broken"):
+    with pytest.raises(ConfigError, match=r"KMEND_AGENT_RULES_DIRS.*bad.yaml.*broken"):
         build_agent(settings)
+
+
+def test_agent_logs_at_info_by_default_and_as_json_when_asked(tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "kmend.cli", "--log-format", "json", "agent", "--node", "n1", "--service-url",
+            "http://127.0.0.1:9", "--no-nvml", "--kernel", "off", "--pods-root", str(tmp_path / "pods"),
+            "--state-dir", str(tmp_path / "state"), "--status-port", "0"]
+    p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env={**os.environ, "KMEND_LOG_LEVEL": ""})
+    try:
+        assert p.stderr is not None
+        line = p.stderr.readline()
+    finally:
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=20)
+    rec = json.loads(line)
+    assert rec["level"] == "INFO" and rec["logger"] == "kmend.agent" and "agent on n1" in rec["message"]

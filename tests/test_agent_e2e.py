@@ -23,6 +23,7 @@ from sqlalchemy import text
 from kmend.store import Store
 from tests.agent_helpers import TOKEN, CriWriter
 from tests.conftest import REPO, free_port
+from tests.procs import wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -116,10 +117,11 @@ def test_agent_and_service_lose_nothing_and_duplicate_nothing(tmp_path: Path) ->
 
     try:
         service.start()
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200, 30, "service")
+        assert service.p is not None
+        wait_ready(f"http://127.0.0.1:{port}", service.p, log=tmp_path / "service.log")
         agent.start()
         burst()
-        wait_for(lambda: stored_count() == len(faults), 30, "first burst shipped")
+        wait_for(lambda: stored_count() == len(faults), 90, "first burst shipped")
 
         # Rotation by rename in the middle of a partial line, copytruncate on the other pod.
         w1.line("long line first half, ", tag="P")
@@ -127,16 +129,17 @@ def test_agent_and_service_lose_nothing_and_duplicate_nothing(tmp_path: Path) ->
         w1.line("second half")
         w2.copytruncate()
         burst()
-        wait_for(lambda: stored_count() == len(faults), 30, "after rotation")
+        wait_for(lambda: stored_count() == len(faults), 90, "after rotation")
 
         # The service dies: the agent spools, then replays when it is back.
         service.kill()
         burst()
         burst()
-        wait_for(lambda: agent_metric(status_port, "kmend_agent_signals_spooled_total") > 0, 30, "spooling")
+        wait_for(lambda: agent_metric(status_port, "kmend_agent_signals_spooled_total") > 0, 90, "spooling")
         service.start()
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200, 30, "service back")
-        wait_for(lambda: stored_count() == len(faults), 30, "spool replayed")
+        assert service.p is not None
+        wait_ready(f"http://127.0.0.1:{port}", service.p, log=tmp_path / "service.log")
+        wait_for(lambda: stored_count() == len(faults), 90, "spool replayed")
 
         # The agent dies mid-stream; logs keep rotating (and get compressed) while it is down.
         burst()

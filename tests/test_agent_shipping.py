@@ -194,3 +194,25 @@ def test_status_server_serves_metrics_and_health(tmp_path: Path) -> None:
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 503
     finally:
         server.shutdown()
+
+
+def test_outage_and_recovery_are_logged_once_at_info(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    up = {"now": False}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not up["now"]:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json={"accepted": 1})
+
+    spool = DiskSpool(tmp_path / "spool")
+    shipper = Shipper(url="http://kmend.invalid", spool=spool, metrics=AgentMetrics(), max_backoff=0.0,
+                      client=httpx.Client(transport=httpx.MockTransport(handler)))
+    caplog.set_level("INFO", logger="collector.shipper")
+    for i in range(3):
+        shipper.deliver([sig(i)])
+    lost = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelname == "INFO"  # once per outage, not once per batch
+    up["now"] = True
+    shipper.deliver([sig(9)])
+    back = [r for r in caplog.records if "reachable again" in r.getMessage()]
+    assert len(back) == 1 and back[0].levelname == "INFO" and spool.signals == 0

@@ -23,6 +23,7 @@ from healer.policy_file import default_policy_path
 from sim.world import read_actions
 from tests.builders import XID79, container, kernel
 from tests.conftest import free_port
+from tests.procs import wait_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -65,13 +66,12 @@ class Service:
                                     stdout=subprocess.DEVNULL, stderr=log)
         self.starts += 1
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        if not crash:
+            wait_ready(url, proc, log=self.tmp / f"serve-{self.starts - 1}.log")
+        else:
+            # A child set to crash may die before it is ready: the caller checks how it ended.
+            with contextlib.suppress(AssertionError):
+                wait_ready(url, proc, log=self.tmp / f"serve-{self.starts - 1}.log")
         return proc, url
 
 

@@ -38,6 +38,9 @@ class NoRequests:
     def get(self, request_id: str) -> RepairRequest | None:
         return None
 
+    def answer(self, request_id: str, state: str, result: str) -> RepairRequest | None:
+        return None
+
     def restarts_of(self, job: str, *, exclude_plan: str) -> list[float]:
         return []
 
@@ -107,6 +110,22 @@ def test_event_names_the_node_and_reporting_component(api: FakeApiServer) -> Non
     assert ev["involvedObject"]["uid"] == api.nodes["gpu-1"]["metadata"]["uid"]
     assert ev["source"]["component"] == "kmend" and ev["reportingComponent"] == "kmend"
     assert ev["metadata"]["namespace"] == "default"
+
+
+def test_node_events_go_to_default_whatever_namespace_kmend_runs_in(api: FakeApiServer) -> None:
+    # As the Deployment runs it: KMEND_EVENT_NAMESPACE=kmend-system. A real v1.36 server answers 422 to an
+    # Event about a Node in any namespace but `default`; the fake refuses it the same way.
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=api.url)), request_timeout_s=5,
+                       event_namespace="kmend-system")
+    kube.emit_event(ClusterEvent("gpu-1", "KmendQuarantine", "incident inc-9: gpu_lost", key="plan-9-4"))
+    [ev] = api.events
+    assert ev["metadata"]["namespace"] == "default" and not ev["involvedObject"].get("namespace")
+    raw = client.ApiClient(client.Configuration(host=api.url))
+    with pytest.raises(client.ApiException) as refused:
+        client.CoreV1Api(raw).create_namespaced_event("kmend-system", client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name="x"),
+            involved_object=client.V1ObjectReference(kind="Node", name="gpu-1")))
+    assert refused.value.status == 422 and "does not match event.namespace" in str(refused.value.body)
 
 
 def test_a_keyed_event_sent_again_after_a_crash_is_not_duplicated(api: FakeApiServer) -> None:

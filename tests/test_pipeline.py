@@ -139,3 +139,15 @@ def test_a_live_cluster_needs_a_job_or_node_link_but_a_bundle_does_not(shipped_r
         analyzer.process([kernel("gpu-7", XID79, ts=T0)])
         analyzer.process([container("gpu-2", nccl_timeout(5), job=None, rank=5, ts=T0 + 600)])
         assert len(analyzer.correlator.incidents()) == expected
+
+
+def test_corrected_pcie_errors_below_their_rate_open_no_incident(shipped_rules: list[Rule]) -> None:
+    # Real lines (geerlingguy/raspberry-pi-pcie-devices#64): corrected-only AER is recorded, not raised.
+    line = ("pcieport 0000:00:1d.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, "
+            "id=00e8(Receiver ID)")
+    analyzer = Analyzer(shipped_rules)
+    found, incidents = analyzer.process([kernel("gpu-2", line, ts=T0)])
+    assert [f.rule_id for f in found] == ["pcie-aer-corrected"] and incidents == []
+    # A storm on one port (100 within a minute) is a marginal link: the escalation opens one.
+    _, incidents = analyzer.process([kernel("gpu-2", line, ts=T0 + 0.5 * i) for i in range(1, 101)])
+    assert [(i.fault_class, i.recommended_action) for i in incidents] == [(FaultClass.PCIE, Action.NOTIFY)]

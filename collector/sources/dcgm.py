@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterable
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from collector.exposition import exposition_samples, gpu_labels
 from collector.signal import MetricSample, Signal, Source
 from collector.sources.base import Clock, Poll
 
@@ -39,6 +39,11 @@ HEALTH_FIELDS: tuple[str, ...] = (
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_POWER_VIOLATION",
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "DCGM_EXP_XID_ERRORS_TOTAL",
+    "DCGM_EXP_GPU_HEALTH_STATUS",
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_MEMORY_TEMP",
     "DCGM_FI_DEV_POWER_USAGE",
@@ -50,18 +55,7 @@ HEALTH_FIELDS: tuple[str, ...] = (
 def parse_scrape(text: str, keep: Iterable[str] = HEALTH_FIELDS) -> list[MetricSample]:
     """Samples of the kept fields, with ``gpu``/``uuid``/``pci`` labels normalised."""
     wanted = set(keep)
-    out: list[MetricSample] = []
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name not in wanted:
-                continue
-            labels = dict(sample.labels)
-            if "UUID" in labels:
-                labels.setdefault("uuid", labels["UUID"])
-            if "pci_bus_id" in labels:
-                labels.setdefault("pci", labels["pci_bus_id"])
-            out.append(MetricSample(sample.name, float(sample.value), labels))
-    return out
+    return [MetricSample(s.name, s.value, gpu_labels(s.labels)) for s in exposition_samples(text) if s.name in wanted]
 
 
 def _series(sample: MetricSample) -> str:

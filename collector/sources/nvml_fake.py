@@ -45,11 +45,21 @@ class FakeGpu:
     """(gpu, memory) percent."""
     sm_clock_mhz: int | None = 1980
     """Current SM clock; ``None``: not supported."""
+    name: str = "NVIDIA H100 80GB HBM3"
+    """Product name."""
+    processes: list[int] = field(default_factory=list)
+    """PIDs of compute processes holding the GPU."""
 
 
 @dataclass
 class _Pci:
     busId: str
+
+
+@dataclass
+class _Process:
+    pid: int
+    usedGpuMemory: int = 0
 
 
 @dataclass
@@ -153,6 +163,15 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         return _Util(*handle.utilization)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
+        return str(handle.name)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return [_Process(pid) for pid in handle.processes]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        return []
 
     def nvmlEventSetCreate(self) -> Any:
         return self._events

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from healer.agents import NodeAgents
 from healer.cluster import Cluster
 from healer.gang.reservations import ReservationBook
 from healer.notify import Notifier
@@ -47,6 +48,10 @@ class RepairRequests(Protocol):
         """The request, with its answer."""
         ...
 
+    def answer(self, request_id: str, state: str, result: str) -> RepairRequest | None:
+        """Answer a request (first answer wins); None when there is no such request."""
+        ...
+
 
 class History(Protocol):
     """What the healer did before, read from the journal (so it survives restarts)."""
@@ -80,6 +85,11 @@ class StepContext:
     """YAML of the validation Job template ('' when none is configured)."""
     reservations: ReservationBook | None = None
     """Capacity holds read by the gang scheduler (None when it does not run)."""
+    agents: NodeAgents = field(default_factory=NodeAgents)
+    """Which node agents poll for requests, and what they carry out."""
+    checkpoint_roots: tuple[str, ...] | None = None
+    """Local paths the control plane itself may search for checkpoints; others are searched by the
+    node agent of a node running the job. None: any local path (the simulated cluster, tests)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,9 @@ from healer.records import ActionStep, Plan
 from healer.steps.base import RepairRequest, StepContext, StepOutcome, done, failed, started_at, waiting
 from healer.workloads import ObjectKey
 
+AGENT_KINDS = frozenset({"reset_gpu"})
+"""Repairs the node agent carries out (the platform's tooling does the rest)."""
+
 
 def repair(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     """GPU reset goes to the node agent (it polls GET /v1/nodes/{name}/requests); reboot and replacement go to
@@ -37,6 +40,13 @@ def repair(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
         return failed(f"{kind} of {node} failed: {req.result}")
     if req.state == "done" or ctx.cluster.get_node(node).annotations.get(REPAIR_DONE) == req.id:
         return done(f"{kind} of {node} done{': ' + req.result if req.result else ''}", request=req.id)
+    if kind in AGENT_KINDS:
+        # Say so within a minute when no agent there can do it, instead of timing out after half an hour.
+        why = ctx.agents.unable(node, kind, now=now, waiting_since=float(out["started_at"]))
+        if why:
+            # Withdrawn, so an agent that turns up later does not act on a plan that gave up.
+            ctx.requests.answer(req.id, "failed", f"withdrawn: {why}")
+            return failed(why)
     if now - float(out["started_at"]) > float(p.get("timeout_s", "1800")):
         return failed(f"{kind} of {node} not done within {p.get('timeout_s')} s")
     who = "the node agent" if kind == "reset_gpu" else "the platform"

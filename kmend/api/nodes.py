@@ -60,9 +60,12 @@ def release(name: str, kmend: KmendDep, who: OperatorDep) -> dict[str, Any]:
 
 
 @router.get("/{name}/requests", dependencies=[AgentOrOperatorAuth])
-def list_requests(name: str, kmend: KmendDep, all: bool = False) -> dict[str, Any]:
-    """Repair requests for the node: the node agent polls this and resets a GPU once it is idle."""
-    return {"node": name, "requests": [_request(r) for r in kmend.healing.requests(name, pending_only=not all)]}
+def list_requests(name: str, kmend: KmendDep, all: bool = False, capabilities: str | None = None) -> dict[str, Any]:
+    """Repair requests for the node: the node agent polls this (``capabilities``: the request kinds it
+    carries out, comma-separated) and resets a GPU once it is idle, or searches a pod's checkpoints."""
+    caps = None if capabilities is None else frozenset(c for c in capabilities.split(",") if c)
+    reqs = kmend.healing.requests(name, pending_only=not all, capabilities=caps)
+    return {"node": name, "requests": [_request(r) for r in reqs]}
 
 
 @router.post("/{name}/requests/{request_id}", dependencies=[AgentOrOperatorAuth])

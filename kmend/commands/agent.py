@@ -16,16 +16,19 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from analyzer.rules import default_rules_dir, load_rules
+from analyzer.rules import RuleError, default_rules_dir, load_rules
 from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
+from collector.container_fs import FindCheckpointHandler
 from collector.flight_recorder import DEFAULT_PREFIXES, FlightRecorderSource, HttpDumpUploader
+from collector.gpu_reset import GpuResetHandler, load_reset_nvml
 from collector.httpserver import start_status_server
 from collector.metrics import AgentMetrics
+from collector.node_requests import HttpNodeRequestClient, NodeRequestRunner, RequestHandler, RequestJournal
 from collector.podmeta import KubeApiPodMetadata
 from collector.prefilter import RegexPrefilter
 from collector.progress_file import ProgressFileSource
@@ -37,6 +40,8 @@ from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
 from collector.spool import DiskSpool
+from healer.checkpoints import discover_json
+from kmend.errors import ConfigError, from_validation
 
 log = logging.getLogger("kmend.agent")
 
@@ -79,13 +84,24 @@ class AgentSettings(BaseSettings):
     progress_dir: Path | None = Field(None, description="directory of report_step JSON lines ($KMEND_PROGRESS_DIR "
                                                         "of the training pods, a hostPath)")
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
+    node_requests: bool = Field(True, description="poll the service for GPU resets and checkpoint searches")
+    request_interval: float = Field(10.0, gt=0, description="seconds between polls of the node's requests")
+    gpu_reset: bool = Field(True, description="carry out GPU resets (needs NVML, nvidia-smi and root)")
+    nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi binary used for --gpu-reset")
+    gpu_idle_timeout_s: float = Field(600.0, gt=0, description="how long a reset waits for the GPU to go idle")
+    proc_root: Path = Field(Path("/proc"), description="the host's /proc (hostPID): pods' filesystems are read "
+                                                       "through /proc/<pid>/root")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
 
     def bearer(self) -> str | None:
         """The token, from the file when one is given (re-read at start)."""
         if self.token_file is not None:
-            return self.token_file.read_text().strip()
+            try:
+                return self.token_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"KMEND_AGENT_TOKEN_FILE={str(self.token_file)!r}: cannot read the token: "
+                                  f"{exc.strerror}") from None
         return self.token.get_secret_value() if self.token else None
 
 
@@ -98,8 +114,11 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
     """
     if not settings.prefilter:
         return None
-    rules = load_rules(settings.rules_dirs)
-    progress = load_progress_rules(settings.progress_rules_dirs)
+    try:
+        rules = load_rules(settings.rules_dirs)
+        progress = load_progress_rules(settings.progress_rules_dirs)
+    except RuleError as exc:
+        raise ConfigError(f"KMEND_AGENT_RULES_DIRS / KMEND_AGENT_PROGRESS_RULES_DIRS: {exc}") from None
     return RegexPrefilter([r.pattern for r in rules] + [r.regex.pattern for r in progress]
                           + list(settings.prefilter_extra))
 
@@ -153,6 +172,26 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                  poll_interval=settings.poll_interval)
 
 
+def build_request_runner(settings: AgentSettings) -> NodeRequestRunner | None:
+    """The node-request runner: GPU resets where NVML answers, checkpoint searches in pods' filesystems."""
+    if not settings.node_requests:
+        return None
+    handlers: dict[str, RequestHandler] = {}
+    if settings.gpu_reset:
+        try:
+            nv = load_reset_nvml()
+            nv.nvmlInit()
+            nv.nvmlShutdown()
+            handlers["reset_gpu"] = GpuResetHandler(load_nvml=load_reset_nvml, nvidia_smi=settings.nvidia_smi,
+                                                    idle_timeout_s=settings.gpu_idle_timeout_s)
+        except Exception as exc:
+            log.info("GPU reset not offered on this node (NVML unavailable: %s)", exc)
+    handlers["find_checkpoint"] = FindCheckpointHandler(proc_root=settings.proc_root, discover=discover_json)
+    client = HttpNodeRequestClient(settings.service_url, token=settings.bearer())
+    return NodeRequestRunner(node=settings.node, client=client, interval=settings.request_interval,
+                             journal=RequestJournal(settings.state_dir / "requests.json"), handlers=handlers)
+
+
 _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--node", {"help": "node name (NODE_NAME)"}),
     ("--service-url", {"help": "kmend service base URL (KMEND_AGENT_SERVICE_URL)"}),
@@ -173,6 +212,10 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
     ("--status-port", {"type": int, "help": "port of /metrics and /healthz (0: off)"}),
     ("--status-host", {"help": "address of /metrics and /healthz"}),
+    ("--request-interval", {"type": float, "help": "seconds between polls for GPU resets and checkpoint searches"}),
+    ("--nvidia-smi", {"help": "nvidia-smi binary for GPU resets"}),
+    ("--gpu-idle-timeout-s", {"type": float, "help": "how long a GPU reset waits for the GPU to go idle"}),
+    ("--proc-root", {"type": Path, "help": "the host's /proc (pods' filesystems for checkpoint searches)"}),
 )
 
 
@@ -186,14 +229,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-nvml", dest="nvml", action="store_false", default=None, help="do not use NVML")
     p.add_argument("--no-pod-labels", dest="pod_labels", action="store_false", default=None,
                    help="do not ask the API server for pod labels")
+    p.add_argument("--no-node-requests", dest="node_requests", action="store_false", default=None,
+                   help="do not poll for GPU resets and checkpoint searches")
+    p.add_argument("--no-gpu-reset", dest="gpu_reset", action="store_false", default=None,
+                   help="never reset a GPU on this node")
     p.set_defaults(func=run)
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
     """Environment first, flags override."""
-    keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels"]
+    keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels",
+                                                                    "node_requests", "gpu_reset"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
-    return AgentSettings(**overrides)
+    try:
+        return AgentSettings(**overrides)
+    except ValidationError as exc:
+        raise from_validation(exc, prefix="KMEND_AGENT_",
+                              flags={k: "--" + k.replace("_", "-") for k in overrides}) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -201,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     metrics = AgentMetrics()
     agent = build_agent(settings, metrics=metrics)
+    runner = build_request_runner(settings)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -212,6 +265,9 @@ def run(args: argparse.Namespace) -> int:
     if settings.status_port:
         server = start_status_server(metrics.registry, agent.healthy, host=settings.status_host,
                                      port=settings.status_port)
+    if runner is not None:
+        log.info("node requests: carrying out %s", ", ".join(runner.capabilities))
+        threading.Thread(target=runner.run, args=(stop,), name="node-requests", daemon=True).start()
     try:
         agent.run(stop)
     finally:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from kmend.errors import ConfigError
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the subcommand."""
@@ -17,8 +19,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+SPARES = 2
+"""Hot spares the demo's cluster keeps (the nodes after the job's)."""
+
+
+def check_sizes(nodes: int, gpus: int, job_nodes: int) -> str:
+    """Why these sizes make no demo (empty when they do)."""
+    if gpus < 1 or job_nodes < 1:
+        return "--gpus and --job-nodes must be at least 1"
+    if nodes < job_nodes + SPARES:
+        return (f"--nodes {nodes} leaves no room for a {job_nodes}-node job and {SPARES} hot spares: "
+                f"use --nodes {job_nodes + SPARES} or more")
+    if nodes > 4096:
+        return "--nodes is at most 4096"
+    return ""
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 only if the fault was healed."""
+    if why := check_sizes(args.nodes, args.gpus, args.job_nodes):
+        raise ConfigError(why)
     # Imported here so that `kmend agent` on every node does not load the web stack.
     from kmend.demo import print_human, run_demo
 
@@ -26,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         return None
 
     say = quiet if args.json else print
-    summary = run_demo(nodes=args.nodes, gpus=args.gpus, job_nodes=args.job_nodes, say=say)
+    summary = run_demo(nodes=args.nodes, gpus=args.gpus, job_nodes=args.job_nodes, spares=SPARES,
+                       fault_node=min(5, args.job_nodes - 1), fault_gpu=min(3, args.gpus - 1), say=say)
     if args.json:
         json.dump(summary, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from kmend.errors import ConfigError, from_validation, redact_url
+from kmend.settings import Settings
+
+if TYPE_CHECKING:
+    from kmend.service import Kmend
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,21 +25,54 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
+def build_service(settings: Settings) -> Kmend:
+    """The service, started (schema migrated, state rebuilt); a setting that stops it is a ConfigError."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from analyzer.rules import RuleError
+    from healer.cluster import ClusterConfigError
+    from healer.policy_file import PolicyError
+    from kmend.wiring import make_kmend
+
+    try:
+        kmend = make_kmend(settings)
+    except PolicyError as exc:
+        raise ConfigError(f"KMEND_POLICY_FILE={str(settings.policy_file or 'the shipped policy')!r}: {exc}") from None
+    except RuleError as exc:
+        raise ConfigError(f"KMEND_RULES_DIRS / KMEND_PROGRESS_RULES_DIRS: {exc}") from None
+    except ClusterConfigError as exc:
+        raise ConfigError(f"KMEND_CLUSTER={settings.cluster!r}, KMEND_KUBECONFIG="
+                          f"{str(settings.kubeconfig or '~/.kube/config')!r}: {exc}") from None
+    except SQLAlchemyError as exc:
+        raise _database_error(settings, exc) from None
+    try:
+        kmend.start()
+    except SQLAlchemyError as exc:
+        raise _database_error(settings, exc) from None
+    return kmend
+
+
+def _database_error(settings: Settings, exc: Exception) -> ConfigError:
+    first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return ConfigError(f"KMEND_DATABASE_URL={redact_url(settings.database_url)!r}: cannot use the database: {first}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
     # Imported here so that `kmend agent` on every node does not load the web stack.
     import uvicorn
 
     from kmend.app import create_app
-    from kmend.settings import Settings
-    from kmend.wiring import make_kmend
 
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "database_url": args.database_url,
         "cluster": args.cluster, "dry_run": args.dry_run,
     }.items() if v is not None}
-    settings = Settings(**overrides)
-    kmend = make_kmend(settings)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        raise from_validation(exc, prefix="KMEND_", flags={k: "--" + k.replace("_", "-") for k in overrides}) from None
+    kmend = build_service(settings)
     app = create_app(kmend, settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
     return 0

@@ -315,6 +315,12 @@ class Store:
             plans = self._plans(conn, state=state, node=node)
         return plans
 
+    def plan_counts(self) -> dict[str, int]:
+        """Number of plans in each state (one GROUP BY; for the metrics)."""
+        q = select(schema.plans.c.state, func.count()).group_by(schema.plans.c.state)
+        with self.engine.connect() as conn:
+            return {str(state): int(n) for state, n in conn.execute(q)}
+
     def plan_ids(self) -> set[str]:
         """Ids of all stored plans."""
         with self.engine.connect() as conn:

@@ -1,0 +1,1 @@
+"""Web console templates (rendered by kmend/api/console.py)."""
