@@ -101,6 +101,9 @@ _KEY_VALUE = re.compile(r"\s+:\s*|\s*:\s+")
 _TABLE_ROW = re.compile(r"^\|\s*(.*?)\s*\|\s*(.*?)\s*\|\s*$")
 _TERMINAL_WIDTHS = frozenset({80, 100, 120, 132, 160, 200, 240})
 """Widths at which a terminal breaks a line mid-word (a forum breaks at a space)."""
+# A trainer's own record prefix (torchrun's "[rank3]:" before glog's "E0321 02:07:08"): a line without
+# one that starts mid-word right after one is the rest of a line the terminal wrapped.
+_RECORD = re.compile(r"^(?:\[(?:rank|default)\d+\]:)?\[?[IWEF]\d{3,4} \d\d:\d\d:\d\d")
 _MAX_WRAPS = 8
 """Most continuation lines joined to one prefixed line."""
 _MAX_FOLD = 200
@@ -123,8 +126,9 @@ def _flatten_section(header: str, body: Sequence[str]) -> str:
 class _Folder:
     """State of :func:`group_events` while it walks one file."""
 
-    def __init__(self, texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool]) -> None:
-        self.texts, self.raw, self.prefixed = texts, raw, prefixed
+    def __init__(self, texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool],
+                 widths: frozenset[int]) -> None:
+        self.texts, self.raw, self.prefixed, self.widths = texts, raw, prefixed, widths
         self.events: list[tuple[int, list[str]]] = []
         self.open_aer = -1  # index into events of the AER report still taking lines
         self.aer_head = ""  # what opened that report: "received", "bus" or "body"
@@ -240,7 +244,11 @@ class _Folder:
         if not self.events or self.prefixed[i] or not text or self.wrapped >= _MAX_WRAPS:
             return False
         head = self.events[-1][0]
-        if not self.prefixed[head] or head + 1 + self.wrapped != i:
+        if head + 1 + self.wrapped != i:
+            return False
+        # Only a mid-word break continues a trainer's record; its other plain lines are their own.
+        if not self.prefixed[head] and not (
+                text[0].islower() and _RECORD.match(self.texts[head]) and not _RECORD.match(text)):
             return False
         if text[0] in " \t":
             # dmesg prints the later lines of a multi-line record indented under the first one's text.
@@ -253,7 +261,7 @@ class _Folder:
         elif text[0] in "|+=-#$[":
             return False
         else:
-            self.extend(text, "" if len(self.raw[i - 1]) in _TERMINAL_WIDTHS else " ")
+            self.extend(text, "" if len(self.raw[i - 1]) in self.widths else " ")
         self.wrapped += 1
         return True
 
@@ -267,6 +275,18 @@ def _is_section_head(texts: Sequence[str], i: int, n: int) -> bool:
     return _indent(nxt) > _indent(t) and " : " in nxt
 
 
+def _terminal_widths(texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool]) -> frozenset[int]:
+    """Line widths at which this file was wrapped mid-word: the common ones, and any width at which
+    two or more record lines break onto a line that starts mid-word (a terminal's own width)."""
+    seen: dict[int, int] = {}
+    for i in range(1, len(texts)):
+        t = texts[i]
+        if t[:1].islower() and not prefixed[i] and (prefixed[i - 1] or _RECORD.match(texts[i - 1])):
+            w = len(raw[i - 1])
+            seen[w] = seen.get(w, 0) + 1
+    return _TERMINAL_WIDTHS | {w for w, c in seen.items() if c >= 2 and w >= 80}
+
+
 def group_events(texts: Sequence[str], raw: Sequence[str] | None = None,
                  prefixed: Sequence[bool] | None = None) -> list[Event]:
     """The events of a file's lines (prefixes already stripped into ``texts``).
@@ -278,7 +298,7 @@ def group_events(texts: Sequence[str], raw: Sequence[str] | None = None,
     n = len(texts)
     raw = raw if raw is not None else texts
     prefixed = prefixed if prefixed is not None else [False] * n
-    fold = _Folder(texts, raw, prefixed)
+    fold = _Folder(texts, raw, prefixed, _terminal_widths(texts, raw, prefixed))
     i = 0
     while i < n:
         text = texts[i]

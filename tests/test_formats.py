@@ -124,6 +124,27 @@ def test_a_storm_of_aer_reports_stays_one_event_per_report() -> None:
     assert events_of(storm).count("pcieport 0000:00:1c.5: AER: Corrected error received: id=00e5") == 3
 
 
+def test_trainer_lines_a_terminal_wrapped_mid_word_are_rejoined(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # https://github.com/huggingface/open-r1/issues/620: every line broken at the same terminal width
+    text = (
+        "[rank2]:[E424 01:11:21.160832730 ProcessGroupNCCL.cpp:629] [Rank 2] Watchdog caught collective operation"
+        " timeout: WorkNCCL(SeqNum=4, OpTy\n"
+        "pe=BROADCAST, NumelIn=112, NumelOut=112, Timeout(ms)=1800000) ran for 1800010 milliseconds"
+        " before timing out.\n"
+        "[rank3]:[E424 01:11:21.160815008 ProcessGroupNCCL.cpp:629] [Rank 3] Watchdog caught collective operation"
+        " timeout: WorkNCCL(SeqNum=4, OpTy\n"
+        "pe=BROADCAST, NumelIn=112, NumelOut=112, Timeout(ms)=1800000) ran for 1800011 milliseconds"
+        " before timing out.\n"
+    )
+    [incident] = analyze(tmp_path, capsys, text)
+    assert incident["fault_class"] == "nccl_timeout"
+    findings = incident["findings"]
+    assert sorted(f["rank"] for f in findings) == [2, 3]
+    assert {f["fields"]["op"] for f in findings} == {"BROADCAST"}
+
+
 def test_an_nvrm_message_dmesg_printed_on_three_lines_is_one_event(tmp_path: Path) -> None:
     # https://github.com/NVIDIA/NVSentinel/issues/155
     path = tmp_path / "dmesg.log"
