@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from collector.flight_recorder import parse_dump_name
-from collector.normalize import Prefix, group_events, strip_prefix
+from collector.normalize import group_events, prefix_lengths, strip_prefix, without_prefixes
 from collector.signal import LogLine, Signal, Source
 from collector.timestamps import parse_timestamp
 
@@ -72,12 +72,12 @@ class FileLines:
     """Every line as read, container-runtime and kubectl prefixes off (timestamps and hosts live here)."""
     stamps: list[str | None]
     """The runtime's timestamp prefix of each line, when it had one."""
-    prefixes: list[Prefix]
-    """What each line's syslog/dmesg/kmsg prefix said."""
     pods: dict[int, tuple[str, str]] = field(default_factory=dict)
     """Pod and container of lines from a ``kubectl logs --prefix`` dump, by line index."""
 
 
+_PREFIX_SAMPLE = 2000
+"""Lines looked at to decide whether a file carries syslog/dmesg/kmsg prefixes at all."""
 _PODS_DIR = re.compile(r"^(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})$")
 _KERNEL_NAME = re.compile(r"(?:^|[-_.])(?:dmesg|kern|kernel|kmsg|messages|syslog|journal)(?:$|[-_.])", re.I)
 _KERNEL_LINE = re.compile(
@@ -218,16 +218,19 @@ class BundleSource:
         if partial:
             texts.append(partial)
             stamps.append(None)
-        prefixes = [strip_prefix(t) for t in texts]
-        bare = [t[p.length:] if p.length else t for t, p in zip(texts, prefixes, strict=True)]
-        events = group_events(bare, texts, [p.length > 0 for p in prefixes])
-        return FileLines(file=f, texts=[e.text for e in events], heads=[e.line for e in events], raw=texts,
-                         stamps=stamps, prefixes=prefixes, pods=pods)
+        if any(strip_prefix(t).length for t in texts[:_PREFIX_SAMPLE]):
+            lengths = prefix_lengths(texts)
+            bare, prefixed = without_prefixes(texts, lengths), list(map(bool, lengths))
+        else:  # a container's own output: no transport prefixes to take off
+            bare, prefixed = texts, [False] * len(texts)
+        events = group_events(bare, texts, prefixed)
+        return FileLines(file=f, texts=events.texts, heads=events.lines, raw=texts, stamps=stamps, pods=pods)
 
     def signal(self, fl: FileLines, i: int) -> Signal:
         """The Signal for event ``i`` of a file: source, node, pod metadata and time resolved."""
         f, text, line = fl.file, fl.texts[i], fl.heads[i]
-        raw, prefix = fl.raw[line], fl.prefixes[line]
+        raw = fl.raw[line]
+        prefix = strip_prefix(raw)  # only for the lines a rule matched: what their prefix says
         kind = f.kind
         if kind is LogKind.AUTO:
             kind = LogKind.KERNEL if prefix.kernel or _KERNEL_LINE.search(raw) else LogKind.CONTAINER

@@ -17,6 +17,9 @@ already ship one clean message per signal, so the service path does not pay for 
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,13 +37,25 @@ _PREFIX = re.compile(
       | (?P<bare>kernel):\x20
     )?
     (?:
-        \[\ *(?P<rel>\+)?\d+[.,]\d+(?:\ *<\ *\+?\d+[.,]\d+>)?\]\ ?                      # dmesg, -d, relative
+        (?P<dm>\[\ *(?P<rel>\+)?\d+[.,]\d+(?:\ *<\ *\+?\d+[.,]\d+>)?\])\ ?                # dmesg, -d, relative
       | \[(?P<dmt>\w{3}\ \w{3}\ +\d{1,2}\ \d\d:\d\d:\d\d\ \d{4})\]\ ?                 # dmesg -T
       | \[(?P<dmh>\w{3}\d{1,2}\ \d\d:\d\d)\]\ ?                                       # dmesg -H
     )?""",
     re.X,
 )
-_KERNEL_GROUPS = ("kseq", "fac", "bare", "rel", "dmt", "dmh")
+
+
+_END = operator.methodcaller("end")
+
+
+def prefix_lengths(lines: Sequence[str]) -> list[int]:
+    """Length of each line's transport prefix (0 for none), the whole loop in C."""
+    return list(map(_END, map(_PREFIX.match, lines)))
+
+
+def without_prefixes(lines: Sequence[str], lengths: Sequence[int]) -> list[str]:
+    """The lines with their prefixes cut off (the slicing done in C)."""
+    return list(map(operator.getitem, lines, map(slice, lengths, itertools.repeat(None))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,39 +70,35 @@ class Prefix:
     """The prefix says the kernel wrote the line (dmesg stamp, kmsg record, ``kernel:``)."""
 
 
-_NONE = Prefix(0, None, False)
+NO_PREFIX = Prefix(0, None, False)
+"""What a line without a transport prefix has."""
 
 
 def strip_prefix(line: str) -> Prefix:
     """The transport prefix at the start of ``line`` (length 0 when it has none)."""
     m = _PREFIX.match(line)
     if m is None or m.end() == 0:
-        return _NONE
+        return NO_PREFIX
     g = m.groupdict()
     app = g["app"] or g["app5424"]
-    kernel = app == "kernel" or any(g[k] is not None for k in _KERNEL_GROUPS)
+    kernel = (app == "kernel" or g["kseq"] is not None or g["fac"] is not None or g["bare"] is not None
+              or g["dm"] is not None or g["dmt"] is not None or g["dmh"] is not None)
     if g["stamp"] is None and g["stamp5424"] is None and m.group(0).strip() == "":
-        return _NONE
+        return NO_PREFIX
     host = g["host"] or g["host5424"]
     return Prefix(m.end(), host if host not in (None, "-") else None, kernel)
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event: the lines of a file that belong together, as one text."""
-
-    line: int
-    """Index of the line that carries the event's meaning (its head, or a traceback's exception line)."""
-    text: str
-    """What the rules see: one line, the folded lines joined."""
 
 
 # Lines of a PCIe AER report: a head opens a report, the others belong to the open one.
 _AER_RECEIVED = re.compile(r"AER: (?:Multiple )?(?:Corrected|Correctable|Uncorrected|Uncorrectable)\b.*received")
 _AER_BODY = re.compile(
-    r"AER:|error status/mask=|TLP Header|\[\s*\d+\] [A-Za-z]|Error of this Agent|error_detected|"
+    r"AER:|error status/mask=|TLP Header|:\s+\[\s*\d+\] [A-Za-z]|Error of this Agent|error_detected|"
     r"device recovery|Device recovery|link reset|slot reset|resume"
 )
+_SPECIAL = re.compile(
+    r"Traceback|AER|PCIe Bus Error|error status/mask|TLP Header|NVRM: |^GPU |^\[(?:rank|default)\d+\]:|:\s+\[\s*\d+\] "
+)
+"""Text any line that starts or continues a multi-line event contains (the fast path's gate)."""
 _TRACEBACK = "Traceback (most recent call last):"
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 # Lines PyTorch prints under a final exception line that still belong to it.
@@ -104,6 +115,7 @@ _TERMINAL_WIDTHS = frozenset({80, 100, 120, 132, 160, 200, 240})
 # A trainer's own record prefix (torchrun's "[rank3]:" before glog's "E0321 02:07:08"): a line without
 # one that starts mid-word right after one is the rest of a line the terminal wrapped.
 _RECORD = re.compile(r"^(?:\[(?:rank|default)\d+\]:)?\[?[IWEF]\d{3,4} \d\d:\d\d:\d\d")
+_DEVICE_LINE = re.compile(r"^\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:")
 _MAX_WRAPS = 8
 """Most continuation lines joined to one prefixed line."""
 _MAX_FOLD = 200
@@ -129,7 +141,9 @@ class _Folder:
     def __init__(self, texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool],
                  widths: frozenset[int]) -> None:
         self.texts, self.raw, self.prefixed, self.widths = texts, raw, prefixed, widths
-        self.events: list[tuple[int, list[str]]] = []
+        self.heads: list[int] = []  # line of each event
+        self.out: list[str] = []  # text of each event (its first part until the end)
+        self.parts: dict[int, list[str]] = {}  # parts of the events that folded more lines
         self.open_aer = -1  # index into events of the AER report still taking lines
         self.aer_head = ""  # what opened that report: "received", "bus" or "body"
         self.aer_received = False  # the report already has its "error received" line
@@ -139,10 +153,24 @@ class _Folder:
         self.wrapped = 0
 
     def add(self, i: int, text: str) -> None:
-        self.events.append((i, [text]))
+        self.heads.append(i)
+        self.out.append(text)
+
+    def bulk(self, start: int, stop: int) -> None:
+        """Lines ``start``..``stop`` are events of their own (the common case, done in C)."""
+        self.heads.extend(range(start, stop))
+        self.out.extend(self.texts[start:stop])
+
+    def last_part(self) -> str:
+        idx = len(self.out) - 1
+        parts = self.parts.get(idx)
+        return parts[-1] if parts else self.out[idx]
 
     def extend(self, text: str, sep: str = " ") -> None:
-        parts = self.events[-1][1]
+        idx = len(self.out) - 1
+        parts = self.parts.get(idx)
+        if parts is None:
+            parts = self.parts[idx] = [self.out[idx]]
         if len(parts) < _MAX_FOLD:
             parts.append(sep + text)
 
@@ -161,10 +189,10 @@ class _Folder:
                 return True
             del self.tracebacks[key]
             self.add(i, text)
-            self.exc_event[key] = len(self.events) - 1
+            self.exc_event[key] = len(self.out) - 1
             return True
         if key in self.exc_event:
-            if _EXC_TAIL.match(body) and self.exc_event[key] == len(self.events) - 1:
+            if _EXC_TAIL.match(body) and self.exc_event[key] == len(self.out) - 1:
                 self.extend(body)
                 return True
             del self.exc_event[key]
@@ -175,7 +203,7 @@ class _Folder:
         "PCIe Bus Error" line with its status/mask and bit lines, and the recovery lines."""
         received = _AER_RECEIVED.search(text) is not None
         bus = not received and "PCIe Bus Error:" in text
-        is_open = self.open_aer >= 0 and self.open_aer == len(self.events) - 1
+        is_open = self.open_aer >= 0 and self.open_aer == len(self.out) - 1
         if received or bus:
             # One report names every device it covers; a second report starts a new event, so
             # a storm of corrected errors still counts report by report.
@@ -185,16 +213,19 @@ class _Folder:
                 self.extend(text)
                 return True
             self.add(i, text)
-            self.open_aer = len(self.events) - 1
+            self.open_aer = len(self.out) - 1
             self.aer_head = "received" if received else "bus"
             self.aer_received = received
             return True
         if _AER_BODY.search(text):
             if is_open:
                 self.extend(text)
+            elif "AER:" not in text:
+                self.open_aer = -1
+                return False
             else:
                 self.add(i, text)
-                self.open_aer = len(self.events) - 1
+                self.open_aer = len(self.out) - 1
                 self.aer_head, self.aer_received = "body", False
             return True
         self.open_aer = -1
@@ -202,13 +233,13 @@ class _Folder:
 
     def nvrm(self, i: int, text: str) -> bool:
         """An ``NVRM:`` line that continues the sentence of the one before it."""
-        if not text.startswith("NVRM: ") or not self.events:
+        if not text.startswith("NVRM: ") or not self.out:
             return False
-        last = self.events[-1][1]
         rest = text[6:]
-        if (last[0].startswith("NVRM: ") and (rest[:1].islower() or rest[:1] == "(")
-                and not last[-1].rstrip().endswith((".", "!", ":"))
-                and self.events[-1][0] >= i - len(last)):
+        folded = len(self.parts.get(len(self.out) - 1, ())) or 1
+        if (self.out[-1].startswith("NVRM: ") and (rest[:1].islower() or rest[:1] == "(")
+                and not self.last_part().rstrip().endswith((".", "!", ":"))
+                and self.heads[-1] >= i - folded):
             self.extend(rest)
             return True
         return False
@@ -233,7 +264,7 @@ class _Folder:
         key, value = m.group(1), m.group(2)
         if not key and not value:
             return True
-        if not key and self.events and self.events[-1][1][0].startswith("| "):
+        if not key and self.out and self.out[-1].startswith("| "):
             self.extend(value)
         else:
             self.add(i, f"| {key}: {value}" if key else f"| {value}")
@@ -241,9 +272,9 @@ class _Folder:
 
     def wrap(self, i: int, text: str) -> bool:
         """An unprefixed line right after prefixed ones: the rest of a line that was wrapped."""
-        if not self.events or self.prefixed[i] or not text or self.wrapped >= _MAX_WRAPS:
+        if not self.out or self.prefixed[i] or not text or self.wrapped >= _MAX_WRAPS:
             return False
-        head = self.events[-1][0]
+        head = self.heads[-1]
         if head + 1 + self.wrapped != i:
             return False
         # Only a mid-word break continues a trainer's record; its other plain lines are their own.
@@ -255,13 +286,20 @@ class _Folder:
             if _indent(text) < 8:
                 return False
             text = text.strip()
-            if text.startswith("NVRM: ") and self.events[-1][1][0].startswith("NVRM: "):
+            if text.startswith("NVRM: ") and self.out[-1].startswith("NVRM: "):
                 text = text[6:]
             self.extend(text)
-        elif text[0] in "|+=-#$[":
+        elif text[0] in "|+=-#$[" or not _continues(text):
             return False
+        elif len(self.raw[i - 1]) in self.widths:
+            self.extend(text, "")
+        elif (text[0].islower() and len(self.raw[i - 1]) >= 60
+              and self.last_part().rstrip()[-1:] not in ".!?:;)]}>"):
+            # A forum breaks a long line at a space, mid-sentence: the rest starts lower-case and is
+            # no record of its own (no "host:pid:tid", no "driver 0000:3b:00.0:").
+            self.extend(text)
         else:
-            self.extend(text, "" if len(self.raw[i - 1]) in self.widths else " ")
+            return False
         self.wrapped += 1
         return True
 
@@ -275,32 +313,99 @@ def _is_section_head(texts: Sequence[str], i: int, n: int) -> bool:
     return _indent(nxt) > _indent(t) and " : " in nxt
 
 
-def _terminal_widths(texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool]) -> frozenset[int]:
+def _terminal_widths(texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool],
+                     marks: Sequence[int]) -> frozenset[int]:
     """Line widths at which this file was wrapped mid-word: the common ones, and any width at which
-    two or more record lines break onto a line that starts mid-word (a terminal's own width)."""
-    seen: dict[int, int] = {}
-    for i in range(1, len(texts)):
+    two different record lines break onto a line that starts mid-word (a terminal's own width)."""
+    seen: dict[int, set[str]] = {}
+    for i in marks:
         t = texts[i]
-        if t[:1].islower() and not prefixed[i] and (prefixed[i - 1] or _RECORD.match(texts[i - 1])):
-            w = len(raw[i - 1])
-            seen[w] = seen.get(w, 0) + 1
-    return _TERMINAL_WIDTHS | {w for w, c in seen.items() if c >= 2 and w >= 80}
+        if (i > 0 and t[:1].islower() and not prefixed[i] and _continues(t)
+                and (prefixed[i - 1] or _RECORD.match(texts[i - 1]))):
+            seen.setdefault(len(raw[i - 1]), set()).add(texts[i - 1])
+    return _TERMINAL_WIDTHS | {w for w, heads in seen.items() if len(heads) >= 2 and w >= 80}
+
+
+def _continues(text: str) -> bool:
+    """A line that can be the rest of another: it names no host:pid:tid or device of its own."""
+    return ":" not in text.split(" ", 1)[0] and _DEVICE_LINE.match(text) is None
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    """The events of a file: line ``lines[k]`` heads event ``k`` whose text is ``texts[k]``."""
+
+    lines: list[int]
+    """Index of the line that carries each event's meaning (its head, or a traceback's exception line)."""
+    texts: list[str]
+    """What the rules see: one line per event, the folded lines joined."""
+
+
+# Text on the lines the fold must look at (everything between two of them is an event of its own).
+# Plain substrings: str.find skips the rest of the file in C, where a regex alternation would not.
+_NEEDLES = ("Traceback", "AER", "PCIe Bus Error", "error status/mask", "TLP Header", "NVRM: ", ":    [",
+            "error_detected", "evice recovery", "\nGPU ", "\n ", "\n\t", "\n|", "\n+", "\n\n")
+# torchrun's "[rank3]:[E424 ..." record: the line after it may be its terminal-wrapped rest.
+_RECORD_NEEDLE = "]:["
+
+
+def _find_all(text: str, needle: str) -> list[int]:
+    out: list[int] = []
+    at = text.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = text.find(needle, at + 1)
+    return out
+
+
+def _marks(texts: Sequence[str], prefixed: Sequence[bool]) -> list[int]:
+    """Lines that may start, continue or close a multi-line event, found by C scans of the file."""
+    joined = "\n".join(texts)
+    starts = list(itertools.accumulate(map(len, texts[:-1]), lambda a, b: a + b + 1, initial=0))
+    n = len(texts)
+    marks: set[int] = set()
+    for needle in _NEEDLES:
+        newline = needle.startswith("\n")
+        for at in _find_all(joined, needle):
+            line = bisect.bisect_right(starts, at) - 1 + newline
+            marks.add(line)
+            if needle in ("\n ", "\n\t"):
+                marks.add(line - 1)  # an indented line: the one above may be its section's title
+    if texts and texts[0][:1] in (" ", "\t", "|", "+", ""):
+        marks.add(0)
+    for at in _find_all(joined, _RECORD_NEEDLE):
+        line = bisect.bisect_right(starts, at) - 1
+        if line + 1 < n and texts[line + 1][:1].islower():
+            marks.update((line, line + 1))
+    marks.update(i for i in range(1, n) if prefixed[i - 1] and not prefixed[i])
+    marks.discard(-1)
+    return sorted(m for m in marks if m < n)
 
 
 def group_events(texts: Sequence[str], raw: Sequence[str] | None = None,
-                 prefixed: Sequence[bool] | None = None) -> list[Event]:
+                 prefixed: Sequence[bool] | None = None) -> Events:
     """The events of a file's lines (prefixes already stripped into ``texts``).
 
     ``raw`` holds the lines as read (their length tells a terminal wrap from a forum's) and
-    ``prefixed`` which lines carried a transport prefix; only prefixed files re-join wraps.
-    Blank lines and ``/dev/kmsg`` ``KEY=value`` continuation lines are no events.
+    ``prefixed`` which lines carried a transport prefix. Blank lines and ``/dev/kmsg``
+    ``KEY=value`` continuation lines are no events. Linear in the file: C scans find the lines
+    that need looking at, and only those (and the lines of an open traceback) cost Python steps.
     """
     n = len(texts)
     raw = raw if raw is not None else texts
     prefixed = prefixed if prefixed is not None else [False] * n
-    fold = _Folder(texts, raw, prefixed, _terminal_widths(texts, raw, prefixed))
-    i = 0
+    marks = _marks(texts, prefixed) if n else []
+    fold = _Folder(texts, raw, prefixed, _terminal_widths(texts, raw, prefixed, marks))
+    i = pos = 0
     while i < n:
+        if not fold.tracebacks and not fold.exc_event:
+            pos = bisect.bisect_left(marks, i, pos)
+            nxt = marks[pos] if pos < len(marks) else n
+            if nxt > i:
+                fold.bulk(i, nxt)
+                fold.wrapped, fold.open_aer = 0, -1
+                i = nxt
+                continue
         text = texts[i]
         if not text.strip():
             fold.open_aer = -1
@@ -321,7 +426,9 @@ def group_events(texts: Sequence[str], raw: Sequence[str] | None = None,
             fold.add(i, text)
             fold.wrapped = 0
         i += 1
-    return [Event(line, "".join(parts)) for line, parts in fold.events]
+    for idx, parts in fold.parts.items():
+        fold.out[idx] = "".join(parts)
+    return Events(fold.heads, fold.out)
 
 
 def events_of(text: str) -> list[str]:
@@ -329,4 +436,4 @@ def events_of(text: str) -> list[str]:
     lines = text.splitlines()
     prefixes = [strip_prefix(ln) for ln in lines]
     bare = [ln[p.length:] for ln, p in zip(lines, prefixes, strict=True)]
-    return [e.text for e in group_events(bare, lines, [p.length > 0 for p in prefixes])]
+    return group_events(bare, lines, [p.length > 0 for p in prefixes]).texts
