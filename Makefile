@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 
-.PHONY: demo test lint typecheck unit bench clean serve
+.PHONY: demo test lint typecheck unit bench clean serve fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ unit: $(VENV)/.installed-dev
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# The hostile-input campaign: schemathesis over the OpenAPI schema with the ingest and operator tokens
+# (0 5xx, 0 schema violations), then the hostile-input suite (payloads, rules, checkpoints, auth, spool, time).
+fuzz: $(VENV)/.installed-dev
+	$(BIN)/python bench/fuzz.py --max-examples $${FUZZ_EXAMPLES:-50}
+	$(BIN)/pytest -q tests/test_hostile_*.py tests/test_agent_e2e.py
 
 bench: $(VENV)/.installed
 	@for b in bench/*.py; do $(BIN)/python $$b; done

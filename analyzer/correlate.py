@@ -29,12 +29,14 @@ DEFAULT_WINDOW_S = 1200.0
 JOB_FAILURE_CLASSES = frozenset({FaultClass.NCCL_TIMEOUT, FaultClass.NCCL_ERROR, FaultClass.HANG})
 """Symptoms of one job-wide failure: every rank's timeout, the hang, torchrun's ChildFailedError."""
 
-NARROWING_RULES = {"flight-recorder": 3, "hang-detector": 2}
+NARROWING_RULES = {"flight-recorder": 4, "stack-dump": 3, "timeout-witnesses": 3, "hang-detector": 2}
 """Detectors that can name the culprit rank of a job-wide failure, most specific first.
 
 Without a hardware cause, a job-failure incident's root is, in order: the ranks the
-Flight Recorder found missing from the collective, then the rank whose progress
-stopped first (hang detector), then whatever symptom came first.
+Flight Recorder found missing from the collective, then the rank whose Python stack
+is outside the collective the others wait in or the rank that never reported the
+timeout its peers hit, then the rank whose progress stopped first (hang detector),
+then whatever symptom came first.
 """
 
 
@@ -85,8 +87,11 @@ class Correlator:
     """Folds findings into incidents, incrementally and idempotently."""
 
     def __init__(self, *, window_s: float = DEFAULT_WINDOW_S, max_incidents: int = 5000,
-                 bundle: bool = False) -> None:
+                 bundle: bool = False, placement_ttl_s: float | None = None) -> None:
         self.window_s = window_s
+        # A job's hold on a node expires when the node has shown nothing of it for this long (time from the
+        # records): jobs end and others take the node, and an Xid belongs to the job there now.
+        self.placement_ttl_s = window_s if placement_ttl_s is None else placement_ttl_s
         # A log bundle is cut around one failure of one job: there, a cause whose job is unknown may
         # explain any symptom (and vice versa). A live cluster runs many jobs, so it needs a link.
         self.bundle = bundle
@@ -94,20 +99,28 @@ class Correlator:
         self._latest_ts = 0.0
         self._drafts: dict[str, _Draft] = {}
         self._by_finding: dict[str, str] = {}
-        self._job_nodes: dict[str, set[str]] = defaultdict(set)
-        self._node_jobs: dict[str, set[str]] = defaultdict(set)
+        self._job_nodes: dict[str, dict[str, float]] = defaultdict(dict)
+        self._node_jobs: dict[str, dict[str, float]] = defaultdict(dict)
         self._merges: list[tuple[str, str]] = []
 
     # -- placement (job <-> node), learned from signals and findings --------
 
-    def observe_placement(self, job: str, node: str) -> None:
-        """Record that `job` runs (or ran) on `node`."""
-        self._job_nodes[job].add(node)
-        self._node_jobs[node].add(job)
+    def observe_placement(self, job: str, node: str, ts: float | None = None) -> None:
+        """Record that `job` ran on `node` at `ts` (None: for good, as in a log bundle cut around one failure)."""
+        seen = float("inf") if ts is None else ts
+        if seen > self._node_jobs[node].get(job, float("-inf")):
+            self._job_nodes[job][node] = seen
+            self._node_jobs[node][job] = seen
 
-    def jobs_on(self, node: str) -> frozenset[str]:
-        """Jobs seen on a node."""
-        return frozenset(self._node_jobs.get(node, ()))
+    def jobs_on(self, node: str, at: float | None = None) -> frozenset[str]:
+        """Jobs seen on a node (at `at`: those seen within the placement TTL before it)."""
+        jobs = self._node_jobs.get(node, {})
+        if at is None:
+            return frozenset(jobs)
+        return frozenset(j for j, seen in jobs.items() if self._fresh(seen, at))
+
+    def _fresh(self, seen: float, at: float) -> bool:
+        return seen == float("inf") or at - self.placement_ttl_s <= seen
 
     # -- folding -------------------------------------------------------------
 
@@ -120,7 +133,7 @@ class Correlator:
         if known is not None:
             return self._live(known)
         if finding.where.job and finding.where.node:
-            self.observe_placement(finding.where.job, finding.where.node)
+            self.observe_placement(finding.where.job, finding.where.node, finding.ts)
         finding = self._with_inferred_job(finding)
         if finding.is_symptom_class:
             draft = self._cause_for(finding) or self._same_symptom(finding)
@@ -147,7 +160,9 @@ class Correlator:
             touched.setdefault(old, self._drafts[old])
         out = [self._view(d) for d in touched.values()]
         if len(self._drafts) > self.max_incidents:
-            # Bounded memory: long-quiet incidents can no longer attract findings anyway.
+            # Bounded memory: long-quiet finished incidents can no longer attract findings anyway. Live ones
+            # stay whatever the times say: finding times come from senders' clocks (bounded by the service's
+            # clock at its edge), and no timestamp may make kmend forget an incident it is still healing.
             self.prune(self._latest_ts - 3 * self.window_s)
         return out
 
@@ -169,13 +184,24 @@ class Correlator:
         return [self._view(d) for d in sorted(live, key=lambda d: d.first_ts)]
 
     def prune(self, before_ts: float) -> int:
-        """Forget incidents last updated before `before_ts` (they live on in the store); returns how many."""
-        old = [d for d in self._drafts.values() if d.last_ts < before_ts]
+        """Forget resolved or suppressed incidents last updated before `before_ts` (they live on in the store).
+
+        Open and remediating incidents are never forgotten, nor the incidents merged into them.
+        Returns how many were forgotten.
+        """
+        finished = (IncidentState.RESOLVED, IncidentState.SUPPRESSED)
+        old = [d for d in self._drafts.values()
+               if (live := self._live(d.id)).state in finished and live.last_ts < before_ts]
         for d in old:
             del self._drafts[d.id]
             for f in d.findings:
                 if self._by_finding.get(f.id) == d.id:
                     del self._by_finding[f.id]
+        for node, jobs in list(self._node_jobs.items()):
+            for job, seen in list(jobs.items()):
+                if seen < before_ts - self.placement_ttl_s:
+                    del jobs[job]
+                    self._job_nodes[job].pop(node, None)
         return len(old)
 
     def get(self, incident_id: str) -> Incident | None:
@@ -195,7 +221,7 @@ class Correlator:
     def _with_inferred_job(self, f: Finding) -> Finding:
         # Kernel lines name no job; if exactly one job runs on the node, it is that job's.
         if f.where.job is None and f.where.node:
-            jobs = self._node_jobs.get(f.where.node, set())
+            jobs = self.jobs_on(f.where.node, at=f.ts)
             if len(jobs) == 1:
                 return replace(f, where=replace(f.where, job=next(iter(jobs))))
         return f
@@ -217,7 +243,8 @@ class Correlator:
         if job is not None:
             if cause.where.job == job:
                 return True
-            if cause.where.node is not None and cause.where.node in self._job_nodes.get(job, ()):
+            seen = self._job_nodes.get(job, {}).get(cause.where.node or "")
+            if seen is not None and self._fresh(seen, max(cause.ts, symptom.ts)):
                 return True
         return self.bundle and (job is None or cause.where.job is None)
 

@@ -2,13 +2,14 @@
 
 A batch of lines is joined with newlines and scanned a block of lines per call (a log file's
 bytes in one call); match offsets map back to lines, and only the matched lines are searched
-again with the rule's own regex, which confirms the match and extracts its fields. The
-database is a prefilter: the Python regex is the single source of truth for what matches, so
-every backend gives the same findings.
+again with the rule's own RE2 regex, which confirms the match and extracts its fields. The
+database is a prefilter: the rule's RE2 regex is the single source of truth for what matches,
+so every backend gives the same findings.
 
 Backends, fastest first: hyperscan (all patterns in one DFA/NFA database), RE2's
-``re2.Set`` (tells which rules match somewhere in the batch), plain ``re`` (every rule's
-regex over the joined batch). All three are linear in the batch size per rule set.
+``re2.Set`` (tells which rules match somewhere in the batch), per-rule RE2 (every rule's
+regex over the joined batch). Every step is RE2 or hyperscan, both linear in the text: no
+rule and no line can make a scan backtrack.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from analyzer.rules import Rule
+from analyzer.rules import LinearRegex, RegexMatch, Rule, compile_linear
 
 _NL = ord("\n")
 _BLOCK = 2048
@@ -38,6 +38,7 @@ class Backend(StrEnum):
     HYPERSCAN = "hyperscan"
     RE2 = "re2"
     RE = "re"
+    """Per-rule scan of the joined batch (with RE2 regexes: the name is kept for settings and benches)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class BufferMatch:
     """The line, decoded (invalid UTF-8 replaced)."""
     rule: Rule
     """The rule that matched."""
-    match: re.Match[str]
+    match: RegexMatch
     """The rule's own regex match on that line."""
 
 
@@ -64,7 +65,7 @@ class LineMatch:
     """Index of the line in the batch."""
     rule: Rule
     """The rule that matched."""
-    match: re.Match[str]
+    match: RegexMatch
     """The rule's own regex match on that line (named groups hold the fields)."""
 
 
@@ -125,7 +126,9 @@ class MultiMatcher:
         self._residual: list[int] = []
         self._hs: Any = None
         self._set: Any = None
-        self._line_re = [re.compile(r.pattern, re.MULTILINE) for r in self.rules]
+        # Multi-line mode so ^ and $ anchor at line boundaries of the joined batch.
+        self._line_re: list[LinearRegex] = [compile_linear(r.pack, r.id, r.pattern, multiline=True)
+                                            for r in self.rules]
         self._order = {r.id: i for i, r in enumerate(self.rules)}
         if self.backend is Backend.HYPERSCAN:
             self._hs, self._residual = _hyperscan_db(self.rules)

@@ -94,7 +94,7 @@ class RuleTester:
             if source_given and not rule.applies_to(sig.source):
                 notes.append(f"{rule.id} matches but only looks at {', '.join(sorted(rule.sources))} lines")
                 continue
-            groups = {k: v for k, v in m.groupdict().items() if v is not None}
+            groups: dict[str, str | None] = {k: v for k, v in m.groupdict().items() if v is not None}
             matches.append({"rule_id": rule.id, "pack": rule.pack, "sources": sorted(rule.sources) or ["any"],
                             "extracted": groups, "finding": finding_view(finding_from_match(rule, sig, line, groups))})
         out: dict[str, Any] = {"kind": "log", "source": sig.source.value, "event": line.text, "matches": matches}

@@ -41,7 +41,7 @@ def _int_or_none(raw: str | None) -> int | None:
         return None
 
 
-def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: dict[str, str]) -> Finding:
+def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: dict[str, str | None]) -> Finding:
     """Build the finding for one matched line: fields come only from matched lines."""
     fields = {k: v for k, v in rule.fields}
     fields.update({k: v for k, v in groups.items() if v is not None})

@@ -9,7 +9,6 @@ counter-examples stay silent, replayed through the same evaluator the service ru
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from analyzer.records import Action, FaultClass, Severity
-from analyzer.rules import RuleError, check_urls, compile_linear, load_packs
+from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs
 from collector.exposition import exposition_samples
 
 
@@ -122,7 +121,7 @@ class AlertRuleSpec(BaseModel):
         return check_urls(refs)
 
 
-LabelMatchers = tuple[tuple[str, "re.Pattern[str]"], ...]
+LabelMatchers = tuple[tuple[str, LinearRegex], ...]
 
 
 def labels_match(matchers: LabelMatchers, labels: Mapping[str, str]) -> bool:
@@ -235,7 +234,7 @@ def parse_exposition(lines: Iterable[str]) -> list[tuple[str, float, dict[str, s
 
 
 def _matchers(path: str, rid: str, labels: dict[str, str]) -> LabelMatchers:
-    out: list[tuple[str, re.Pattern[str]]] = []
+    out: list[tuple[str, LinearRegex]] = []
     for name, rx in sorted(labels.items()):
         try:
             out.append((name, compile_linear(path, rid, rx)))

@@ -18,6 +18,7 @@ from collector.signal import LogLine, ProgressSample, Signal
 _PAYLOAD = operator.attrgetter("payload")
 _JOB = operator.attrgetter("job")
 _NODE = operator.attrgetter("node")
+_TS = operator.attrgetter("ts")
 
 
 def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
@@ -73,13 +74,18 @@ class Analyzer:
 
     def findings(self, signals: Sequence[Signal]) -> list[Finding]:
         """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors)."""
-        for job, node in _placements(signals):
-            self.correlator.observe_placement(job, node)
+        if signals:
+            # One time per batch (its newest record): a batch spans seconds, placements expire in minutes.
+            ts = max(map(_TS, signals))
+            for job, node in _placements(signals):
+                self.correlator.observe_placement(job, node, ts)
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals)
         if self.one_finding_per_signal and len(found) > 1:
             found = strongest_per_signal(found)
+        if self.detectors is not None and found:
+            self.detectors.observe_findings(found)
         return found + self.escalator.observe_all(found)
 
     def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:
@@ -89,7 +95,10 @@ class Analyzer:
         folded = [f for f in found if f.rule_id not in below or f.severity is not Severity.INFO] if below else found
         return found, self.correlator.add_all(folded)
 
-    def evaluate(self, now: float) -> tuple[list[Finding], list[Incident]]:
-        """The detectors' verdicts at `now` (hang, straggler, Flight Recorder), folded like rule findings."""
-        found = self.detectors.evaluate(now) if self.detectors is not None else []
+    def evaluate(self, now: float, judged: Sequence[Finding] | None = None) -> tuple[list[Finding], list[Incident]]:
+        """The detectors' verdicts at `now` (hang, straggler, Flight Recorder), folded like rule findings.
+
+        `judged`: Flight Recorder findings judged by the caller off its lock (see DetectorSuite).
+        """
+        found = self.detectors.evaluate(now, judged) if self.detectors is not None else []
         return found, self.correlator.add_all(found)

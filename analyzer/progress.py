@@ -7,15 +7,15 @@ and the optional hook (``collector.progress_hook``) whose samples come in as
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from analyzer.progress_rules import ProgressKind, ProgressRule
+from analyzer.progress_rules import Extracted, ProgressKind, ProgressRule
+from collector.identity import line_rank, strip_rank_prefix
 from collector.signal import LogLine, ProgressSample, Signal
 
-_RANK_PREFIX = re.compile(r"^\[(?:rank|Rank |RANK )(\d+)\]")
-"""torchrun's ``--tee``/log-prefix form (``[rank3]: ...``); also DeepSpeed's ``[Rank 0]`` is a log field, not this."""
+_KINDS = {"step": ProgressKind.STEP, "end": ProgressKind.END, "exit": ProgressKind.EXIT}
+"""A progress sample's event to the event kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,29 @@ class ProgressEvent:
     """Progress rule that matched, or ``hook`` for samples from the training-script hook."""
 
 
+def match_progress(text: str, rules: Sequence[ProgressRule]) -> tuple[ProgressRule, Extracted] | None:
+    """The first rule (in priority order) that reads progress from a line, and what it read.
+
+    A bar redraws itself with carriage returns inside one line: the latest redraw counts. A
+    launcher's rank prefix is taken off first, so anchored patterns see the trainer's own text.
+    """
+    segments = reversed(text.split("\r")) if "\r" in text else (text,)
+    for seg in segments:
+        body = strip_rank_prefix(seg)
+        for rule in rules:
+            got = rule.extract(body)
+            if got is not None:
+                return rule, got
+    return None
+
+
 class ProgressExtractor:
     """Turns signals into progress events; keeps a counter for formats that print no step number."""
 
     def __init__(self, rules: Sequence[ProgressRule]) -> None:
         self.rules = tuple(sorted(rules, key=lambda r: r.priority))
         self._counters: dict[tuple[str, int, str], int] = {}
+        self._epochs: dict[tuple[str, int, str], tuple[int, int, int]] = {}
 
     def extract(self, signals: Sequence[Signal]) -> list[ProgressEvent]:
         """Progress events found in a batch, in signal order."""
@@ -59,7 +76,7 @@ class ProgressExtractor:
         for sig in signals:
             p = sig.payload
             if isinstance(p, ProgressSample):
-                out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=ProgressKind.STEP,
+                out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=_KINDS[p.event],
                                          step=p.step, step_time=p.step_time, phases=dict(p.phases),
                                          signal_id=sig.id))
             elif isinstance(p, LogLine) and self.rules:
@@ -69,23 +86,38 @@ class ProgressExtractor:
         return out
 
     def _from_line(self, sig: Signal, line: LogLine) -> ProgressEvent | None:
-        text = line.text
-        for rule in self.rules:
-            got = rule.extract(text)
-            if got is None:
-                continue
-            job = line.job or (f"{line.namespace}/{line.pod}" if line.pod else None)
-            if job is None:
-                return None  # progress of an unknown job cannot be compared with anything
-            rank = line.rank if line.rank is not None else got.rank
-            if rank is None:
-                m = _RANK_PREFIX.match(text)
-                rank = int(m.group(1)) if m else -1
-            step = got.step
-            if step is None and rule.kind is ProgressKind.STEP:
-                key = (job, rank, rule.id)
-                step = self._counters.get(key, 0) + 1
-                self._counters[key] = step
-            return ProgressEvent(job=job, rank=rank, node=sig.node, ts=sig.ts, kind=rule.kind, step=step,
-                                 total=got.total, step_time=got.step_time, signal_id=sig.id, rule_id=rule.id)
-        return None
+        found = match_progress(line.text, self.rules)
+        return self._event(sig, line, *found) if found is not None else None
+
+    def _event(self, sig: Signal, line: LogLine, rule: ProgressRule, got: Extracted) -> ProgressEvent | None:
+        job = line.job or (f"{line.namespace}/{line.pod}" if line.pod else None)
+        if job is None:
+            return None  # progress of an unknown job cannot be compared with anything
+        rank = line.rank if line.rank is not None else got.rank
+        if rank is None:
+            named = line_rank(line.text)
+            rank = named if named is not None else -1
+        step = got.step
+        key = (job, rank, rule.id)
+        if step is None and rule.kind is ProgressKind.STEP:
+            step = self._counters.get(key, 0) + 1
+            self._counters[key] = step
+        elif step is not None and got.epoch is not None:
+            step = self._through_epochs(key, got.epoch, step)
+        return ProgressEvent(job=job, rank=rank, node=sig.node, ts=sig.ts, kind=rule.kind, step=step,
+                             total=None if got.epoch is not None else got.total, step_time=got.step_time,
+                             signal_id=sig.id, rule_id=rule.id)
+
+    def _through_epochs(self, key: tuple[str, int, str], epoch: int, step: int) -> int:
+        """A step that restarts every epoch, made monotonic: the steps of earlier epochs are added.
+
+        The total printed with such a step is the epoch's, not the run's, so it is not passed on.
+        """
+        last_epoch, base, top = self._epochs.get(key, (epoch, 0, 0))
+        if epoch > last_epoch:
+            base, top = base + top, 0
+        elif epoch < last_epoch:
+            base, top = 0, 0  # an earlier epoch again: the run restarted
+        top = max(top, step)
+        self._epochs[key] = (epoch, base, top)
+        return base + step

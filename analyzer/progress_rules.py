@@ -8,7 +8,6 @@ extract, and a bad rule fails at load with its file, rule id and field.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -17,7 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from analyzer.rules import RuleError, check_urls, compile_linear, load_packs
+from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs
 
 
 class ProgressKind(StrEnum):
@@ -29,6 +28,10 @@ class ProgressKind(StrEnum):
     """A planned pause started (checkpoint write, evaluation pass): no steps for a while is fine."""
     RESUME = "resume"
     """The planned pause ended; the stall clock restarts here."""
+    END = "end"
+    """The run finished (the trainer's end-of-training line, the hook's ``finish()``): silence is no hang."""
+    EXIT = "exit"
+    """The rank's container is gone (reported by the collector, never matched by a rule)."""
 
 
 GROUPS = frozenset({"step", "total", "step_time_ms", "step_time_s", "s_per_it", "it_per_s", "rank", "epoch", "tps"})
@@ -79,6 +82,8 @@ class Extracted:
     """Seconds per step, when printed."""
     rank: int | None
     """Rank named in the line itself, if any."""
+    epoch: int | None = None
+    """Epoch, for formats whose step restarts every epoch (the extractor makes it monotonic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +98,7 @@ class ProgressRule:
     """Step, pause or resume."""
     contains: str
     """Literal every matching line contains; lines without it are skipped without running the regex."""
-    regex: re.Pattern[str]
+    regex: LinearRegex
     """Compiled pattern."""
     priority: int
     """Lower is tried first (trainer-specific packs before the generic one)."""
@@ -108,8 +113,9 @@ class ProgressRule:
         if m is None:
             return None
         g = m.groupdict()
+        epoch = g.get("epoch")
         return Extracted(step=_int(g.get("step")), total=_int(g.get("total")), step_time=_step_time(g),
-                         rank=_int(g.get("rank")))
+                         rank=_int(g.get("rank")), epoch=int(epoch) if epoch and epoch.isdigit() else None)
 
 
 def _int(raw: str | None) -> int | None:
@@ -129,7 +135,7 @@ def _step_time(g: dict[str, str | None]) -> float | None:
     return None
 
 
-def _compile(path: str, spec: ProgressRuleSpec) -> re.Pattern[str]:
+def _compile(path: str, spec: ProgressRuleSpec) -> LinearRegex:
     regex = compile_linear(path, spec.id, spec.pattern)
     unknown = set(regex.groupindex) - GROUPS
     if unknown:

@@ -7,11 +7,12 @@ habit): the service refuses to start rather than silently missing a fault.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
+import re2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -21,6 +22,32 @@ from analyzer.records import Action, FaultClass, Severity
 from collector.normalize import events_of
 
 RuleSource = Literal["kernel", "container", "any"]
+
+
+class RegexMatch(Protocol):
+    """A match of a linear-time regex (RE2's match object; the subset of ``re.Match`` we use)."""
+
+    def groupdict(self) -> dict[str, str | None]: ...
+
+    def start(self, group: int = 0) -> int: ...
+
+    def end(self, group: int = 0) -> int: ...
+
+
+class LinearRegex(Protocol):
+    """A compiled pattern whose search time is linear in the text (RE2): no input can make it backtrack."""
+
+    @property
+    def pattern(self) -> str: ...
+
+    @property
+    def groupindex(self) -> Mapping[str, int]: ...
+
+    def search(self, text: str) -> RegexMatch | None: ...
+
+    def fullmatch(self, text: str) -> RegexMatch | None: ...
+
+    def finditer(self, text: str) -> Iterator[RegexMatch]: ...
 
 
 class RuleError(ValueError):
@@ -147,8 +174,8 @@ class Rule:
     """Signal sources it applies to (``kernel``, ``container``); empty means any."""
     pattern: str
     """Regular expression as written."""
-    regex: re.Pattern[str]
-    """Compiled pattern, named groups extract fields."""
+    regex: LinearRegex
+    """Compiled by RE2 (linear time), named groups extract fields."""
     fault_class: FaultClass
     """Class of the findings it produces."""
     severity: Severity
@@ -179,7 +206,7 @@ class Rule:
         return not self.sources or source in self.sources
 
 
-# Constructs that need a backtracking engine: refused so user rules cannot enable ReDoS.
+# Constructs that need a backtracking engine, named in the error before RE2 is asked.
 # `(?<name>` is a named group, not a lookbehind, so it is allowed.
 _BACKTRACKING = re.compile(r"\\[1-9]|\\g<|\(\?(?:[=!]|<[=!])|\(\?P=|\(\?>|\(\?\(|[*+?}]\+")
 _LINEAR_ONLY = (
@@ -188,32 +215,32 @@ _LINEAR_ONLY = (
 )
 
 
-def _linear_check(pattern: str) -> str | None:
-    """Why the pattern cannot run in linear time, or None. RE2 is the referee where it is installed."""
-    if _BACKTRACKING.search(pattern):
-        return _LINEAR_ONLY
-    try:
-        import re2  # optional accelerator; the textual check above still applies
-    except ImportError:
-        return None
+def _re2_options() -> re2.Options:
     opts = re2.Options()
-    opts.log_errors = False
+    opts.log_errors = False  # the RuleError says what is wrong; RE2 would also print to stderr
+    return opts
+
+
+def compile_linear(path: str, rule_id: str, pattern: str, *, field: str = "pattern",
+                   multiline: bool = False) -> LinearRegex:
+    """Compile a rule's pattern with RE2, which runs in time linear in the text.
+
+    Every match the service confirms and every field it extracts comes from RE2, so no
+    pattern can make one line cost more than a pass over it. What RE2 cannot take
+    (backreferences, lookaround) is refused here, naming file, rule and field.
+    """
+    if _BACKTRACKING.search(pattern):
+        raise RuleError(path, rule_id, field, _LINEAR_ONLY)
     try:
-        re2.compile(pattern, options=opts)
+        compiled: LinearRegex = re2.compile(("(?m)" if multiline else "") + pattern, options=_re2_options())
     except re2.error as exc:
-        return f"{_LINEAR_ONLY} (RE2: {exc})"
-    return None
+        raise RuleError(path, rule_id, field, f"{_LINEAR_ONLY} (RE2: {_re2_message(exc)})") from exc
+    return compiled
 
 
-def compile_linear(path: str, rule_id: str, pattern: str) -> re.Pattern[str]:
-    """Compile a rule's pattern, refusing what needs backtracking; errors name file, rule and field."""
-    why = _linear_check(pattern)
-    if why:
-        raise RuleError(path, rule_id, "pattern", why)
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise RuleError(path, rule_id, "pattern", f"does not compile: {exc}") from exc
+def _re2_message(exc: BaseException) -> str:
+    msg = exc.args[0] if exc.args else exc
+    return msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
 
 
 def check_urls(refs: tuple[str, ...]) -> tuple[str, ...]:
@@ -224,19 +251,19 @@ def check_urls(refs: tuple[str, ...]) -> tuple[str, ...]:
     return refs
 
 
-def _compile(path: str, spec: RuleSpec) -> re.Pattern[str]:
+def _compile(path: str, spec: RuleSpec) -> LinearRegex:
     regex = compile_linear(path, spec.id, spec.pattern)
     if regex.search(""):
         raise RuleError(path, spec.id, "pattern", "matches the empty string, so it would match every line")
     return regex
 
 
-def _need_group(path: str, spec: RuleSpec, regex: re.Pattern[str], field: str, name: str) -> None:
+def _need_group(path: str, spec: RuleSpec, regex: LinearRegex, field: str, name: str) -> None:
     if name not in regex.groupindex:
         raise RuleError(path, spec.id, field, f"names group {name!r} that the pattern does not capture")
 
 
-def _action_map(path: str, spec: RuleSpec, regex: re.Pattern[str]) -> ActionMap | None:
+def _action_map(path: str, spec: RuleSpec, regex: LinearRegex) -> ActionMap | None:
     a = spec.action_from
     if a is None:
         return None
@@ -244,7 +271,7 @@ def _action_map(path: str, spec: RuleSpec, regex: re.Pattern[str]) -> ActionMap 
     return ActionMap(field=a.field, values=tuple(sorted(a.values.items())))
 
 
-def _decoder(path: str, spec: RuleSpec, regex: re.Pattern[str]) -> Decoder | None:
+def _decoder(path: str, spec: RuleSpec, regex: LinearRegex) -> Decoder | None:
     d = spec.decode
     if d is None:
         return None

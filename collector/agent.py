@@ -68,6 +68,8 @@ class Agent:
                 continue
             if polled.lines:
                 self.metrics.lines_read.labels(src.name).inc(polled.lines)
+            if polled.filtered:
+                self.metrics.lines_filtered.labels(src.name).inc(polled.filtered)
             if polled.errors:
                 self.metrics.source_errors.labels(src.name).inc(polled.errors)
             if polled.lost:
@@ -97,10 +99,17 @@ class Agent:
         if not self._pending:
             # Nothing new: still the moment to drain the spool once the service is back.
             self.shipper.replay()
+        kept: list[Signal] = []
         while self._pending:
             batch = self._pending[: self.batch_size]
-            self.shipper.deliver(batch)
+            kept.extend(self.shipper.deliver(batch))
             del self._pending[: len(batch)]
+        if kept:
+            # The spool is full of lines worth as much: hold these and read no further. Cursors are not
+            # saved, so after a restart the lines are read again from the files.
+            self._pending = kept
+            self.metrics.backpressure.inc()
+            return
         if not self._cursors:
             return
         for name, cursors in self._cursors.items():

@@ -15,13 +15,14 @@ from __future__ import annotations
 import gzip
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
 from collector.flight_recorder import parse_dump_name
+from collector.identity import job_from_pod, line_rank, pod_identity
 from collector.normalize import group_events, prefix_lengths, strip_prefix, without_prefixes
 from collector.signal import LogLine, Signal, Source
 from collector.timestamps import parse_timestamp
@@ -56,6 +57,8 @@ class LogFile:
     """Container name."""
     job: str | None = None
     """Training job the pod belongs to."""
+    rank: int | None = None
+    """Rank of the pod's process, when its labels or name say (a line's own rank prefix wins)."""
 
 
 @dataclass(slots=True)
@@ -89,16 +92,11 @@ _CRI = re.compile(r"^(\S+) (?:stdout|stderr) ([PF]) ?(.*)$")
 _KUBECTL_PREFIX = re.compile(r"^\[pod/([^/\]]+)/([^\]]+)\] (.*)$")
 _SYSLOG_HOST = re.compile(r"^\s*\w{3} +\d+ \d\d:\d\d:\d\d(?:\.\d+)? (\S+) ")
 _NCCL_HOST = re.compile(r"^(?:\[rank\d+\]:)?\s*([A-Za-z0-9][A-Za-z0-9.-]*):\d+:\d+ \[\d+\]")
-_POD_JOB = re.compile(r"^(?P<job>.+?)-(?:(?:worker|master|launcher|chief|ps|evaluator|trainer)-)?\d+$")
+__all__ = ["BundleDump", "BundleSource", "FileLines", "LogFile", "LogKind", "job_from_pod"]
 
 
-def job_from_pod(pod: str) -> str:
-    """Job name from a pod name: ``llama-pretrain-worker-3`` -> ``llama-pretrain``."""
-    m = _POD_JOB.match(pod)
-    return m.group("job") if m else pod
-
-
-def _describe(path: Path, root: Path | None, node: str | None, job: str | None) -> LogFile:
+def _describe(path: Path, root: Path | None, node: str | None, job: str | None,
+              labels: Mapping[str, Mapping[str, str]]) -> LogFile:
     parts = path.parts
     ns = pod = container = None
     kind = LogKind.KERNEL if _KERNEL_NAME.search(path.name) else LogKind.AUTO
@@ -108,9 +106,12 @@ def _describe(path: Path, root: Path | None, node: str | None, job: str | None) 
             ns, pod, container, kind = m.group("ns"), m.group("pod"), parts[i + 2], LogKind.CONTAINER
     if node is None:
         node = _node_from_path(path, root)
-    if job is None and pod is not None:
-        job = job_from_pod(pod)
-    return LogFile(name=str(path), kind=kind, node=node, namespace=ns, pod=pod, container=container, job=job)
+    rank = None
+    if pod is not None:
+        # The same answer the node agent gives for this pod (labels file, else the pod name).
+        job, rank = pod_identity(pod, labels.get(f"{ns}/{pod}") or labels.get(pod), job=job)
+    return LogFile(name=str(path), kind=kind, node=node, namespace=ns, pod=pod, container=container, job=job,
+                   rank=rank)
 
 
 def _node_from_path(path: Path, root: Path | None) -> str | None:
@@ -145,9 +146,10 @@ class BundleSource:
 
     def __init__(
         self, paths: Sequence[str], *, node: str | None = None, job: str | None = None,
-        stdin: IO[bytes] | None = None,
+        stdin: IO[bytes] | None = None, pod_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.paths = list(paths)
+        self.pod_labels = dict(pod_labels or {})
         self.node = node
         self.job = job
         self.stdin = stdin
@@ -170,7 +172,7 @@ class BundleSource:
             out.append(LogFile(name="-", kind=LogKind.AUTO, node=self.node, job=self.job))
         for path, root in self._paths():
             if parse_dump_name(path.name) is None:
-                out.append(_describe(path, root, self.node, self.job))
+                out.append(_describe(path, root, self.node, self.job, self.pod_labels))
         return out
 
     def dumps(self) -> list[BundleDump]:
@@ -235,14 +237,16 @@ class BundleSource:
         if kind is LogKind.AUTO:
             kind = LogKind.KERNEL if prefix.kernel or _KERNEL_LINE.search(raw) else LogKind.CONTAINER
         source = Source.KERNEL if kind is LogKind.KERNEL else Source.CONTAINER
-        pod, container, job = f.pod, f.container, f.job
+        pod, container, job, rank = f.pod, f.container, f.job, f.rank
         if line in fl.pods:
             pod, container = fl.pods[line]
-            job = self.job or job_from_pod(pod)
+            job, rank = pod_identity(pod, self.pod_labels.get(pod), job=self.job)
+        named = line_rank(text) if source is Source.CONTAINER else None
         node = f.node or prefix.host or _node_from_line(raw) or "unknown"
         return Signal(
             id=f"{node}:{source.value}:{f.name}:{line}", node=node, source=source, ts=_time_of(fl, line),
-            payload=LogLine(text=text, namespace=f.namespace, pod=pod, container=container, job=job),
+            payload=LogLine(text=text, namespace=f.namespace, pod=pod, container=container, job=job,
+                            rank=named if named is not None else rank),
         )
 
 

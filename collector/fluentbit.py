@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ class FluentBitOptions:
     """Offsets database and filesystem buffer, on a hostPath so restarts lose nothing."""
     kmsg: bool = True
     """Read the kernel log."""
+    retry_limit: int = 20
+    """Retries of one flush before Fluent Bit drops it (never unbounded: see render_config)."""
 
 
 def render_config(
@@ -105,7 +108,11 @@ def render_config(
         "json_date_format": "double",
         "compress": "gzip",
         "tls": options.tls,
-        "retry_limit": False,
+        # Bounded: Fluent Bit retries a flush on any non-2xx, so a 4xx would otherwise be sent forever.
+        # The service answers 2xx for a flush with bad records (it keeps the good ones), so this only
+        # ends retries of a body the service can never take; 20 retries with the scheduler's
+        # backoff still ride out hours of outage.
+        "retry_limit": options.retry_limit,
     }
     if options.token_env:
         output["header"] = [f"Authorization Bearer ${{{options.token_env}}}"]
@@ -155,7 +162,7 @@ def dump_configmap(config_text: str, *, name: str = "kmend-fluent-bit", namespac
 
 def _ts(record: Mapping[str, Any], now: float) -> float:
     raw = record.get("date")
-    if isinstance(raw, int | float) and raw > 0:
+    if isinstance(raw, int | float) and raw > 0 and math.isfinite(raw):
         return float(raw)
     parse = TimestampParser()
     for key in ("date", "time"):
@@ -186,7 +193,8 @@ def record_to_signal(record: Mapping[str, Any], *, default_node: str | None, now
         text = next((record[k] for k in ("log", "message", "msg") if isinstance(record.get(k), str)), None)
     if not isinstance(text, str) or not text:
         return None
-    text = text.rstrip("\n")[:65536]
+    # Log lines are raw bytes from the node: a NUL in one is content, kept visible, never stored as NUL.
+    text = text.rstrip("\n")[:65536].replace("\x00", "\ufffd")
     node = record.get("node") or k8s.get("host") or record.get("hostname") or default_node
     if not isinstance(node, str) or not node or node.startswith("${"):
         node = default_node
@@ -208,22 +216,68 @@ def record_to_signal(record: Mapping[str, Any], *, default_node: str | None, now
         text, k8s.get("namespace_name"), k8s.get("pod_name"), k8s.get("container_name"), job, rank))
 
 
-def parse_payload(body: bytes) -> list[dict[str, Any]]:
-    """Records from a ``json_lines`` body (one object per line) or a ``json`` array body."""
+MAX_RECORDS = 50_000
+"""Records one request may carry (Fluent Bit's own flushes are far smaller)."""
+
+_SPACE = re.compile(r"[ \t\r\n]*")
+
+
+def parse_payload(body: bytes, *, max_records: int = MAX_RECORDS) -> list[dict[str, Any]]:
+    """Records from a ``json_lines`` body (one object per line) or a ``json`` array body.
+
+    Raises ValueError naming the problem: more than `max_records` records (counted while
+    parsing, so a huge array is refused without being built), a record that is not an
+    object, or JSON nested too deeply to parse.
+    """
     stripped = body.strip()
     if not stripped:
         return []
-    if stripped.startswith(b"["):
-        doc = json.loads(stripped)
-        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
-            raise ValueError("a json body must be an array of objects")
-        return doc
-    out = []
-    for n, line in enumerate(stripped.split(b"\n"), 1):
+    try:
+        return _array(stripped.decode("utf-8"), max_records) if stripped.startswith(b"[") \
+            else _lines(stripped, max_records)
+    except RecursionError:
+        raise ValueError("records: JSON nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"body is not UTF-8: {exc}") from None
+
+
+def _too_many(max_records: int) -> ValueError:
+    return ValueError(f"records: more than {max_records} records in one request (send smaller flushes)")
+
+
+def _lines(body: bytes, max_records: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for n, line in enumerate(body.split(b"\n"), 1):
         if not line.strip():
             continue
+        if len(out) >= max_records:
+            raise _too_many(max_records)
         rec = json.loads(line)
         if not isinstance(rec, dict):
             raise ValueError(f"line {n} is not a JSON object")
         out.append(rec)
     return out
+
+
+def _array(text: str, max_records: int) -> list[dict[str, Any]]:
+    """Decode ``[obj, obj, ...]`` one element at a time, so the count is checked before all are built."""
+    decoder = json.JSONDecoder()
+    out: list[dict[str, Any]] = []
+    pos = _SPACE.match(text, 1).end()  # type: ignore[union-attr]  # matches the empty string at worst
+    if text.startswith("]", pos):
+        return out
+    while True:
+        if len(out) >= max_records:
+            raise _too_many(max_records)
+        rec, pos = decoder.raw_decode(text, pos)
+        if not isinstance(rec, dict):
+            raise ValueError(f"records[{len(out)}] is not a JSON object (a json body must be an array of objects)")
+        out.append(rec)
+        pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+        if text.startswith("]", pos):
+            if text[pos + 1:].strip():
+                raise ValueError("a json body must be one array of objects")
+            return out
+        if not text.startswith(",", pos):
+            raise ValueError(f"records: expected ',' or ']' at character {pos}")
+        pos = _SPACE.match(text, pos + 1).end()  # type: ignore[union-attr]

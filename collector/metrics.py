@@ -14,6 +14,9 @@ class AgentMetrics:
         self.lines_read = Counter(
             "kmend_agent_lines_read_total", "Log lines and samples read, before the prefilter.",
             ["source"], registry=r)
+        self.lines_filtered = Counter(
+            "kmend_agent_lines_filtered_total",
+            "Log lines the prefilter dropped: no fault or progress rule could match them.", ["source"], registry=r)
         self.signals_read = Counter(
             "kmend_agent_signals_total", "Signals produced after the prefilter.", ["source"], registry=r)
         self.shipped = Counter(
@@ -22,8 +25,13 @@ class AgentMetrics:
             "kmend_agent_signals_spooled_total", "Signals written to the disk spool.", registry=r)
         self.dropped = Counter(
             "kmend_agent_signals_dropped_total",
-            "Signals lost: spool over its cap, or a batch the service refused as malformed.",
+            "Signals lost: spool over its cap (spool_full_<value>: telemetry, symptom, cause), or a batch the "
+            "service refused as malformed (rejected).",
             ["reason"], registry=r)
+        self.backpressure = Counter(
+            "kmend_agent_backpressure_total",
+            "Flushes whose lines the full spool could not keep: held in memory, read positions not advanced.",
+            registry=r)
         self.source_errors = Counter(
             "kmend_agent_source_errors_total", "Exceptions raised by a source's poll.",
             ["source"], registry=r)

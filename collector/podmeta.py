@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx
+import yaml
 
 # (job-name label, rank label) pairs, most specific first.
 JOB_LABELS: tuple[tuple[str, str | None], ...] = (
@@ -114,3 +115,44 @@ class KubeApiPodMetadata:
         if ":" in host:
             host = f"[{host}]"
         return cls(base_url=f"https://{host}:{port}")
+
+
+class FilePodMetadata:
+    """Labels from a file, for nodes without API access (off-cluster, or an agent without RBAC).
+
+    The file is JSON or YAML mapping ``"namespace/pod"`` (or a bare pod name, any namespace)
+    to that pod's labels. It is read again when it changes, so whatever writes it (a
+    sidecar, a launcher script) can add pods while the agent runs.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._pods: dict[str, dict[str, str]] = {}
+        self._load()
+
+    def _load(self) -> None:
+        st = self.path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        self._pods = parse_labels_file(self.path.read_text(encoding="utf-8"), str(self.path))
+        self._stamp = stamp
+
+    def labels(self, namespace: str, pod: str, uid: str) -> Mapping[str, str] | None:
+        """Labels of the pod, or ``None`` when the file does not list it."""
+        self._load()
+        return self._pods.get(f"{namespace}/{pod}") or self._pods.get(pod)
+
+
+def parse_labels_file(text: str, name: str) -> dict[str, dict[str, str]]:
+    """``{"ns/pod" or "pod": {label: value}}`` from JSON or YAML; a bad file is one ValueError naming it."""
+    try:
+        doc = yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{name}: not JSON or YAML: {exc}") from exc
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise ValueError(f"{name}: expected a mapping of pod name to a mapping of labels")
+    return {str(pod): {str(k): str(v) for k, v in labels.items()} for pod, labels in doc.items()}

@@ -3,7 +3,8 @@
 The agent hands it the rule packs' patterns as plain strings (the collector
 does not import the analyzer). Hyperscan scans a whole read buffer in one call,
 so lines that match nothing cost no Python work at all; without Hyperscan the
-patterns are combined into one ``re`` alternation and checked line by line.
+patterns are combined into one RE2 alternation and checked line by line. Both engines
+run in time linear in the line, whatever the patterns.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any
+
+import re2
 
 # A leading anchor refers to the message start, which the raw buffer (with its
 # CRI or syslog prefix) does not have; dropping it only widens the candidates.
@@ -36,7 +39,11 @@ class RegexPrefilter:
 
     def __init__(self, patterns: Sequence[str], *, use_hyperscan: bool = True) -> None:
         self.patterns = tuple(_unanchor(p) for p in patterns)
-        self._combined = re.compile("|".join(f"(?:{p})" for p in self.patterns) or r"(?!x)x")
+        opts = re2.Options()
+        opts.log_errors = False
+        # RE2, not `re`: a rule pattern such as (a+)+b must not make one line cost seconds on the node.
+        self._combined: Any = re2.compile("|".join(f"(?:{p})" for p in self.patterns), options=opts) \
+            if self.patterns else None
         self._db: Any | None = None
         self._hs: Any | None = _hyperscan() if use_hyperscan and self.patterns else None
         if self._hs is not None:
@@ -56,12 +63,12 @@ class RegexPrefilter:
 
     @property
     def engine(self) -> str:
-        """``hyperscan`` or ``re``: which engine scans buffers."""
+        """``hyperscan``, or ``re`` (the RE2 alternation line by line): which engine scans buffers."""
         return "hyperscan" if self._db is not None else "re"
 
     def matches(self, text: str) -> bool:
         """Whether one line is a candidate."""
-        return self._combined.search(text) is not None
+        return self._combined is not None and self._combined.search(text) is not None
 
     def scan(self, buf: bytes) -> list[int]:
         """Sorted end offsets of matches in a buffer of newline-separated lines."""

@@ -15,6 +15,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from collector.identity import pod_identity
+from collector.podmeta import PodMetadataProvider
 from collector.signal import ProgressSample, Signal, Source
 from collector.sources.base import Cursor, Poll
 
@@ -28,8 +30,12 @@ class ProgressFileSource:
     name = "progress"
 
     def __init__(self, directory: Path, node: str, *, resume: Mapping[str, Cursor] | None = None,
-                 max_read_bytes: int = MAX_READ_BYTES) -> None:
+                 max_read_bytes: int = MAX_READ_BYTES, pod_metadata: PodMetadataProvider | None = None,
+                 job: str | None = None) -> None:
         self.directory = directory
+        self.pod_metadata = pod_metadata
+        self.job = job
+        self._pod_jobs: dict[tuple[str, str], str] = {}
         self.node = node
         self.max_read_bytes = max_read_bytes
         self.offsets: dict[str, int] = {k: int(v) for k, v in (resume or {}).items() if isinstance(v, int)}
@@ -86,13 +92,33 @@ class ProgressFileSource:
         self.offsets[path.name] = start + pos
         return out, lines
 
+    def _job(self, rec: dict[str, object]) -> str:
+        """The record's job; a hook that was given no name gets its pod's job, like the pod's log lines."""
+        pod = rec.get("pod")
+        if not rec.get("job_from_pod") or not isinstance(pod, str):
+            return self.job or str(rec["job"])
+        ns = str(rec.get("namespace") or "")
+        key = (ns, pod)
+        if key not in self._pod_jobs:
+            labels = None
+            if self.pod_metadata is not None:
+                try:
+                    labels = self.pod_metadata.labels(ns, pod, "")
+                except Exception:
+                    return pod_identity(pod, None, job=self.job)[0]  # not cached: the labels may come later
+            self._pod_jobs[key] = pod_identity(pod, labels, job=self.job)[0]
+        return self._pod_jobs[key]
+
     def _parse(self, name: str, offset: int, raw: bytes) -> Signal | None:
         try:
             rec = json.loads(raw)
             phases = {str(k): float(v) for k, v in dict(rec.get("phases") or {}).items()}
             st = rec.get("step_time")
-            sample = ProgressSample(job=str(rec["job"]), rank=int(rec["rank"]), step=int(rec["step"]),
-                                    step_time=None if st is None else float(st), phases=phases)
+            event = str(rec.get("event") or "step")
+            if event not in ("step", "end"):
+                raise ValueError(event)
+            sample = ProgressSample(job=self._job(rec), rank=int(rec["rank"]), step=int(rec["step"]),
+                                    step_time=None if st is None else float(st), phases=phases, event=event)
             ts = float(rec["ts"])
         except (ValueError, KeyError, TypeError, AttributeError):
             self.skipped += 1

@@ -4,6 +4,12 @@ Order is kept: while anything waits in the spool, new batches go behind it,
 and the spool is replayed oldest first before anything new is posted. A batch
 is either accepted, spooled or (only when the service rejects it as malformed,
 or the spool drops it past its cap) dropped and counted — never lost silently.
+
+The service refuses a malformed batch whole with a 4xx naming the field. Such a batch
+would be refused again on every retry, so it is never retried: it is set aside in the
+spool's quarantine folder (the newest few are kept for inspection), counted, and the
+batches behind it go on. Only "try later" answers (5xx, 408, 429) and a wrong token
+(401/403, fixed by an operator) keep a batch in the spool.
 """
 
 from __future__ import annotations
@@ -12,15 +18,16 @@ import gzip
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
+from typing import Any
 
 import httpx
 
 from collector.metrics import AgentMetrics
-from collector.signal import Signal
+from collector.signal import LogLine, Signal
 from collector.sources.base import Clock
-from collector.spool import DiskSpool
+from collector.spool import DiskSpool, Value
 from collector.wire import to_wire
 
 log = logging.getLogger(__name__)
@@ -34,10 +41,28 @@ class Outcome(Enum):
     UNAVAILABLE = "unavailable"
 
 
+_RETRY_LATER = frozenset({401, 403, 408, 429})
+"""4xx answers that change without the batch changing: token fixed, timeout, rate limit."""
+
+
+def _wire(sig: Signal) -> dict[str, Any]:
+    out = to_wire(sig)
+    text = out["payload"].get("text")
+    if isinstance(text, str) and "\x00" in text:
+        # A NUL read from a log is content, but no store can hold it: shown as U+FFFD instead.
+        out["payload"]["text"] = text.replace("\x00", "\ufffd")
+    return out
+
+
 def encode_batch(signals: Sequence[Signal]) -> bytes:
     """The gzip-compressed JSON body of ``POST /v1/signals``."""
-    doc = {"signals": [to_wire(s) for s in signals]}
+    doc = {"signals": [_wire(s) for s in signals]}
     return gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=5)
+
+
+def telemetry_or_symptom(sig: Signal) -> Value:
+    """The default value of a signal: log lines over progress and metric samples."""
+    return Value.SYMPTOM if isinstance(sig.payload, LogLine) else Value.TELEMETRY
 
 
 class Shipper:
@@ -54,12 +79,15 @@ class Shipper:
         timeout: float = 5.0,
         clock: Clock = time.monotonic,
         max_backoff: float = 10.0,
+        value_of: Callable[[Signal], Value] = telemetry_or_symptom,
     ) -> None:
         self.url = url.rstrip("/") + "/v1/signals"
         self.spool = spool
         self.metrics = metrics
         self.clock = clock
         self.max_backoff = max_backoff
+        self.value_of = value_of
+        """What a signal is worth keeping through an outage (the agent marks cause lines)."""
         self._client = client or httpx.Client(timeout=timeout)
         self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if token:
@@ -67,7 +95,7 @@ class Shipper:
         self._backoff = 0.0
         self._retry_at = 0.0
         self._outage_since: float | None = None
-        self._dropped_seen = spool.dropped_signals
+        self._dropped_seen = dict(spool.dropped_by_value)
         self._update_gauges()
 
     def _post(self, body: bytes) -> Outcome:
@@ -78,8 +106,9 @@ class Shipper:
             return Outcome.UNAVAILABLE
         if resp.is_success:
             return Outcome.ACCEPTED
-        if resp.status_code in (400, 413, 422):
-            log.error("service rejected a batch (%s): %s", resp.status_code, resp.text[:500])
+        if 400 <= resp.status_code < 500 and resp.status_code not in _RETRY_LATER:
+            log.error("service rejected a batch (%s), quarantined, not retried: %s", resp.status_code,
+                      resp.text[:500])
             return Outcome.REJECTED
         # 401/403 too: a wrong token is fixed by an operator, and the spool waits for it.
         log.warning("service answered %s; spooling", resp.status_code)
@@ -118,40 +147,54 @@ class Shipper:
                 self._failed()
                 return False
             self._ok()
-            self.spool.pop(batch)
             if outcome is Outcome.ACCEPTED:
+                self.spool.pop(batch)
                 self.metrics.shipped.inc(batch.count)
             else:
+                self.spool.quarantine_batch(batch)
                 self.metrics.dropped.labels("rejected").inc(batch.count)
             self._update_gauges()
         return self.spool.peek() is None
 
-    def deliver(self, signals: Sequence[Signal]) -> None:
-        """Ship a batch, or spool it; returns once it is one or the other."""
+    def deliver(self, signals: Sequence[Signal]) -> list[Signal]:
+        """Ship a batch, or spool it; returns the signals that could be neither (the spool is full of
+        signals worth as much), which the caller must keep and offer again."""
         if not signals:
             self.replay()
-            return
-        body = encode_batch(signals)
+            return []
         if self.replay():
+            body = encode_batch(signals)
             outcome = self._post(body)
             if outcome is Outcome.ACCEPTED:
                 self._ok()
                 self.metrics.shipped.inc(len(signals))
-                return
+                return []
             if outcome is Outcome.REJECTED:
                 self._ok()
+                self.spool.quarantine(body, len(signals))
                 self.metrics.dropped.labels("rejected").inc(len(signals))
-                return
+                return []
             self._failed()
-        self.spool.put(body, len(signals))
-        self.metrics.spooled.inc(len(signals))
+        by_value: dict[Value, list[Signal]] = {}
+        for sig in signals:
+            by_value.setdefault(self.value_of(sig), []).append(sig)
+        refused: list[Signal] = []
+        for value in sorted(by_value, reverse=True):  # the most valuable part is offered room first
+            part = by_value[value]
+            if self.spool.put(encode_batch(part), len(part), value):
+                self.metrics.spooled.inc(len(part))
+            else:
+                refused.extend(part)
         self._update_gauges()
+        held = {id(s) for s in refused}
+        return [s for s in signals if id(s) in held]
 
     def _update_gauges(self) -> None:
-        dropped = self.spool.dropped_signals - self._dropped_seen
-        if dropped:
-            self.metrics.dropped.labels("spool_full").inc(dropped)
-            self._dropped_seen = self.spool.dropped_signals
+        for value, total in self.spool.dropped_by_value.items():
+            new = total - self._dropped_seen.get(value, 0)
+            if new:
+                self.metrics.dropped.labels(f"spool_full_{value.name.lower()}").inc(new)
+                self._dropped_seen[value] = total
         self.metrics.spool_bytes.set(self.spool.size_bytes)
         self.metrics.spool_batches.set(len(self.spool))
 

@@ -63,6 +63,8 @@ class ProgressSample:
     """Seconds the step took, if the trainer reports it."""
     phases: Mapping[str, float] = field(default_factory=dict)
     """Optional per-phase seconds (forward, backward, optimizer, comm_wait)."""
+    event: str = "step"
+    """``step`` (`step` finished), ``end`` (the run finished) or ``exit`` (the rank's container is gone)."""
 
 
 Payload = LogLine | MetricSample | ProgressSample
@@ -82,6 +84,9 @@ class Signal:
     """Observation time, seconds since the Unix epoch."""
     payload: Payload
     """Exactly one of a log line, a metric sample or a progress sample."""
+    sent_ts: float | None = None
+    """The time the sender stamped, when it was too far ahead of the receiver's clock (``ts`` is then the
+    receiver's time); None otherwise."""
 
     @property
     def text(self) -> str | None:

@@ -11,21 +11,30 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from collector.signal import LogLine, MetricSample, ProgressSample, Signal, Source
+from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN
+
+# Checked by pydantic-core's own regex engine (no Python call per field): the service path parses
+# thousands of signals per batch.
+Text = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+"""Text any store can hold (PostgreSQL text cannot hold NUL)."""
+NodeName = Annotated[str, Field(min_length=1, max_length=MAX_NODE_NAME, pattern=NODE_NAME_PATTERN)]
+"""A Kubernetes node name (DNS-1123 subdomain, labels of at most 63 characters)."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Numbers must be finite: JSON's Infinity/NaN (or 1e309) would reach the store as null times.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LogPayload(_Strict):
     """A log line on the wire."""
 
     kind: Literal["log"] = "log"
-    text: str = Field(max_length=65536)
-    namespace: str | None = None
-    pod: str | None = None
-    container: str | None = None
-    job: str | None = None
+    text: Text = Field(max_length=65536)
+    namespace: Text | None = Field(default=None, max_length=253)
+    pod: Text | None = Field(default=None, max_length=253)
+    container: Text | None = Field(default=None, max_length=253)
+    job: Text | None = Field(default=None, max_length=253)
     rank: int | None = Field(default=None, ge=0)
 
 
@@ -33,20 +42,21 @@ class MetricPayload(_Strict):
     """A metric sample on the wire."""
 
     kind: Literal["metric"] = "metric"
-    name: str = Field(min_length=1, max_length=256)
+    name: Text = Field(min_length=1, max_length=256)
     value: float
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[Text, Text] = Field(default_factory=dict, max_length=64)
 
 
 class ProgressPayload(_Strict):
     """A progress sample on the wire."""
 
     kind: Literal["progress"] = "progress"
-    job: str = Field(min_length=1)
+    job: Text = Field(min_length=1, max_length=253)
     rank: int = Field(ge=0)
     step: int = Field(ge=0)
     step_time: float | None = Field(default=None, ge=0)
-    phases: dict[str, float] = Field(default_factory=dict)
+    phases: dict[Text, float] = Field(default_factory=dict, max_length=64)
+    event: Literal["step", "end", "exit"] = "step"
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -55,8 +65,8 @@ PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discri
 class SignalIn(_Strict):
     """One signal on the wire."""
 
-    id: str = Field(min_length=1, max_length=512)
-    node: str = Field(min_length=1, max_length=253)
+    id: Text = Field(min_length=1, max_length=512)
+    node: NodeName
     source: Source
     ts: float = Field(gt=0)
     payload: PayloadIn
@@ -77,7 +87,7 @@ def to_record(s: SignalIn) -> Signal:
     elif isinstance(p, MetricPayload):
         payload = MetricSample(p.name, p.value, dict(p.labels))
     else:
-        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases))
+        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event)
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -99,4 +109,6 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body["step_time"] = p.step_time
         if p.phases:
             body["phases"] = dict(p.phases)
+        if p.event != "step":
+            body["event"] = p.event
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

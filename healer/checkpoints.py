@@ -8,6 +8,11 @@ checkpoint that is partial, truncated or unreadable is skipped and reported — 
 Reads files only; torch is not needed: DCP metadata is read with an unpickler that builds inert
 placeholders instead of importing any class, and ``.pt`` files are checked as the zip archives
 ``torch.save`` writes.
+
+The path comes from a pod annotation, so every search is bounded: only under the allowed roots,
+never through a symlink that leaves the checkpoint root, and within a budget of objects walked,
+directory entries listed, header bytes read and seconds (``Limits``). A search over budget stops
+and says so; it never hangs the healer.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import os
 import pickle
 import re
 import struct
+import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, cast
 
 
@@ -60,6 +66,102 @@ class Discovery:
 
 class Incomplete(Exception):
     """A checkpoint that cannot be resumed from; the message says why."""
+
+
+class OverBudget(Exception):
+    """The search used up its budget (objects, entries, bytes or time); the message says which."""
+
+
+MAX_SAFETENSORS_HEADER = 100_000_000
+"""The safetensors format's own limit on its JSON header."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The most one search may do."""
+
+    max_objects: int = 2_000_000
+    """Objects walked in DCP metadata (shared references count once)."""
+    max_entries: int = 200_000
+    """Directory entries listed."""
+    max_bytes: int = 512 * 1024 * 1024
+    """Metadata, header and JSON bytes read (shard contents are never read, only their sizes)."""
+    max_seconds: float = 60.0
+    """Wall time of the whole search."""
+
+
+class Work:
+    """Budget and boundary of one search."""
+
+    def __init__(self, limits: Limits | None = None, *, boundary: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits or Limits()
+        self.boundary = boundary
+        """Real path everything read must stay under (None: no boundary, for direct checks)."""
+        self._clock = clock
+        self._deadline = clock() + self.limits.max_seconds
+        self.objects = self.entries = self.bytes = 0
+
+    def _check_time(self) -> None:
+        if self._clock() > self._deadline:
+            raise OverBudget(f"search took longer than {self.limits.max_seconds:g} s")
+
+    def objects_walked(self, n: int = 1) -> None:
+        """Charge objects walked in metadata."""
+        self.objects += n
+        if self.objects > self.limits.max_objects:
+            raise OverBudget(f"metadata holds more than {self.limits.max_objects} objects")
+        if self.objects % 4096 == 0:
+            self._check_time()
+
+    def listed(self, n: int = 1) -> None:
+        """Charge directory entries listed."""
+        self.entries += n
+        if self.entries > self.limits.max_entries:
+            raise OverBudget(f"more than {self.limits.max_entries} directory entries")
+        self._check_time()
+
+    def read(self, n: int) -> None:
+        """Charge bytes about to be read (refused before they are read)."""
+        self.bytes += n
+        if self.bytes > self.limits.max_bytes:
+            raise OverBudget(f"more than {self.limits.max_bytes} bytes of metadata and headers")
+        self._check_time()
+
+    def inside(self, path: Path) -> bool:
+        """Whether `path`, symlinks resolved, stays under the boundary."""
+        return self.boundary is None or _under(os.path.realpath(path), self.boundary)
+
+    def guard(self, path: Path) -> None:
+        """Refuse a path that a symlink or ``..`` takes out of the checkpoint root."""
+        if not self.inside(path):
+            raise Incomplete(f"{path} leads outside the checkpoint root (symlink or '..'): not followed")
+
+    def listdir(self, d: Path, pattern: str = "*") -> list[Path]:
+        """Entries of `d` matching a glob pattern, charged to the budget; `d` itself must stay inside."""
+        if not self.inside(d):
+            return []
+        out: list[Path] = []
+        if not isinstance(d, PurePath):  # an object-store prefix: listed through fsspec
+            for child in d.iterdir():
+                self.listed()
+                if PurePath(child.name).match(pattern):
+                    out.append(child)
+            return sorted(out, key=lambda p: p.name)
+        with os.scandir(d) as it:
+            for e in it:
+                self.listed()
+                if Path(e.name).match(pattern):
+                    out.append(d / e.name)
+        return sorted(out)
+
+
+def _under(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _default_work(work: Work | None) -> Work:
+    return work if work is not None else Work()
 
 
 _STEP = re.compile(r"(\d+)(?!.*\d)")
@@ -105,20 +207,25 @@ class _InertUnpickler(pickle.Unpickler):
         return _Inert(pid)
 
 
-def _walk(obj: Any, depth: int = 0) -> Iterator[Any]:
-    if depth > 60:
-        return
-    yield obj
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _walk(k, depth + 1)
-            yield from _walk(v, depth + 1)
-    elif isinstance(obj, list | tuple | set | frozenset):
-        for v in obj:
-            yield from _walk(v, depth + 1)
-    elif isinstance(obj, _Inert):
-        yield from _walk(obj.args, depth + 1)
-        yield from _walk(obj.state, depth + 1)
+def _walk(obj: Any, work: Work) -> Iterator[Any]:
+    """Every object reachable from `obj`, each once: a pickle's shared references cannot multiply the walk."""
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:  # every object stays alive in `obj`, so ids are not reused during the walk
+            continue
+        seen.add(id(o))
+        work.objects_walked()
+        yield o
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple | set | frozenset):
+            stack.extend(o)
+        elif isinstance(o, _Inert):
+            stack.append(o.args)
+            stack.append(o.state)
 
 
 def _state_fields(obj: _Inert) -> dict[str, Any]:
@@ -132,18 +239,21 @@ def _state_fields(obj: _Inert) -> dict[str, Any]:
     return dict(st) if isinstance(st, dict) else {}
 
 
-def check_dcp(path: Path) -> None:
+def check_dcp(path: Path, work: Work | None = None) -> None:
     """A DCP checkpoint is complete when ``.metadata`` reads and every byte range it names is on disk."""
+    work = _default_work(work)
     meta = path / ".metadata"
     if not meta.is_file():
         raise Incomplete(".metadata missing (the save did not finish)")
+    work.guard(meta)
+    work.read(meta.stat().st_size)
     try:
         with meta.open("rb") as f:
             obj = _InertUnpickler(f).load()
     except Exception as exc:
         raise Incomplete(f".metadata unreadable: {type(exc).__name__}: {exc}") from None
     needed: dict[str, int] = {}
-    for node in _walk(obj):
+    for node in _walk(obj, work):
         if isinstance(node, _Inert):
             fields = _state_fields(node)
             rel, offset, length = fields.get("relative_path"), fields.get("offset"), fields.get("length")
@@ -153,6 +263,7 @@ def check_dcp(path: Path) -> None:
         raise Incomplete(".metadata names no shards")
     for rel, end in sorted(needed.items()):
         shard = path / rel
+        work.guard(shard)
         if not shard.is_file():
             raise Incomplete(f"shard {rel} missing")
         size = shard.stat().st_size
@@ -163,8 +274,9 @@ def check_dcp(path: Path) -> None:
 # -- torch.save files and safetensors ---------------------------------------------------------
 
 
-def check_torch_file(path: Path) -> None:
+def check_torch_file(path: Path, work: Work | None = None) -> None:
     """A ``torch.save`` file is a zip archive; a truncated one has no readable central directory."""
+    _default_work(work).guard(path)
     if not path.is_file():
         raise Incomplete(f"{path.name} missing")
     if path.stat().st_size == 0:
@@ -177,127 +289,193 @@ def check_torch_file(path: Path) -> None:
         raise Incomplete(f"{path.name} truncated or corrupt (no zip central directory)") from None
 
 
-def check_safetensors(path: Path) -> None:
+def check_safetensors(path: Path, work: Work | None = None) -> None:
     """The header names every tensor's byte range; the file must hold them all."""
+    work = _default_work(work)
+    work.guard(path)
     try:
+        size = path.stat().st_size
         with path.open("rb") as f:
             raw = f.read(8)
             if len(raw) < 8:
                 raise Incomplete(f"{path.name} truncated (no header)")
             (n,) = struct.unpack("<Q", raw)
+            # The length is checked before anything is read: a forged 2**62 must not become an allocation.
+            if n > MAX_SAFETENSORS_HEADER or n > size - 8:
+                raise Incomplete(f"{path.name} header length {n} is impossible for a {size}-byte file "
+                                 f"(limit {MAX_SAFETENSORS_HEADER})")
+            work.read(n)
             header = json.loads(f.read(n))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise Incomplete(f"{path.name} unreadable: {exc}") from None
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-    if path.stat().st_size < 8 + n + end:
+    end = _safetensors_end(path, header)
+    if size < 8 + n + end:
         raise Incomplete(f"{path.name} truncated: {path.stat().st_size} bytes, header needs {8 + n + end}")
+
+
+def _safetensors_end(path: Path, header: Any) -> int:
+    if not isinstance(header, dict):
+        raise Incomplete(f"{path.name} header is not a JSON object")
+    end = 0
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        offsets = v.get("data_offsets") if isinstance(v, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)):
+            raise Incomplete(f"{path.name} header: tensor {str(k)[:64]!r} has no valid data_offsets")
+        end = max(end, offsets[1])
+    return end
+
+
+def _read_json(path: Path, work: Work) -> Any:
+    """A small JSON file, size charged before reading; deep nesting is an unreadable file, not a crash."""
+    work.guard(path)
+    work.read(path.stat().st_size)
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, RecursionError) as exc:
+        raise Incomplete(f"{path.name} unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 # -- the four layouts -------------------------------------------------------------------------------
 
 
-def _deepspeed(tag_dir: Path) -> None:
-    models = sorted(tag_dir.glob("*mp_rank_*_model_states.pt"))
+def _deepspeed(tag_dir: Path, work: Work) -> None:
+    models = work.listdir(tag_dir, "*mp_rank_*_model_states.pt")
     if not models:
         raise Incomplete("no mp_rank_*_model_states.pt")
     for m in models:
-        check_torch_file(m)
-    optim = sorted(tag_dir.glob("*zero_pp_rank_*_optim_states.pt"))
+        check_torch_file(m, work)
+    optim = work.listdir(tag_dir, "*zero_pp_rank_*_optim_states.pt")
     ranks = sorted({int(hit.group(1)) for o in optim if (hit := re.search(r"zero_pp_rank_(\d+)_", o.name))})
     if ranks and ranks != list(range(ranks[-1] + 1)):
         missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
         raise Incomplete(f"optimizer states of rank(s) {missing} missing")
     for o in optim:
-        check_torch_file(o)
+        check_torch_file(o, work)
 
 
-def _megatron(it_dir: Path) -> None:
+def _megatron(it_dir: Path, work: Work) -> None:
     if (it_dir / ".metadata").exists() or (it_dir / "metadata.json").exists():
-        check_dcp(it_dir)
+        check_dcp(it_dir, work)
         return
-    ranks = sorted(d for d in it_dir.iterdir() if d.is_dir() and d.name.startswith("mp_rank_"))
+    ranks = [d for d in work.listdir(it_dir, "mp_rank_*") if d.is_dir()]
     if not ranks:
         raise Incomplete("no mp_rank_* directories")
     for d in ranks:
-        files = list(d.glob("*.pt"))
+        work.guard(d)
+        files = work.listdir(d, "*.pt")
         if not files:
             raise Incomplete(f"{d.name} holds no model_optim_rng.pt")
         for f in files:
-            check_torch_file(f)
+            check_torch_file(f, work)
 
 
-def _huggingface(ck: Path) -> None:
+def _huggingface(ck: Path, work: Work) -> None:
     state = ck / "trainer_state.json"
     if not state.is_file():
         raise Incomplete("trainer_state.json missing")
-    try:
-        json.loads(state.read_text())
-    except ValueError as exc:
-        raise Incomplete(f"trainer_state.json unreadable: {exc}") from None
-    index = next(iter(sorted(ck.glob("*.safetensors.index.json"))), None)
+    _read_json(state, work)
+    names = work.listdir(ck)
+    index = next((p for p in names if p.name.endswith(".safetensors.index.json")), None)
     if index is not None:
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (ValueError, KeyError) as exc:
-            raise Incomplete(f"{index.name} unreadable: {exc}") from None
-        for s in sorted(shards):
+        weight_map = _read_json(index, work)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise Incomplete(f"{index.name} unreadable: no weight_map of file names")
+        for s in sorted(set(weight_map.values())):
             if not (ck / s).is_file():
                 raise Incomplete(f"weight shard {s} missing")
-            check_safetensors(ck / s)
+            check_safetensors(ck / s, work)
         return
-    single = [p for p in ck.glob("*.safetensors")]
+    single = [p for p in names if p.name.endswith(".safetensors")]
     for s in single:
-        check_safetensors(s)
-    bins = list(ck.glob("pytorch_model*.bin"))
+        check_safetensors(s, work)
+    bins = [p for p in names if p.match("pytorch_model*.bin")]
     for b in bins:
-        check_torch_file(b)
+        check_torch_file(b, work)
     if not single and not bins and not (ck / ".metadata").exists():
         raise Incomplete("no model weights")
     if (ck / ".metadata").exists():
-        check_dcp(ck)
+        check_dcp(ck, work)
 
 
-def _candidates(root: Path) -> Iterator[tuple[CheckpointFormat, Path, int]]:
-    """Every checkpoint directory under root, with its format and step."""
-    if (root / "latest").is_file() or any(root.glob("global_step*")):
-        for d in root.glob("global_step*"):
-            if d.is_dir() and (s := _step_of(d.name)) is not None:
+def _candidates(root: Path, work: Work) -> Iterator[tuple[CheckpointFormat, Path, int]]:
+    """Every checkpoint directory under root, with its format and step (symlinks out of root are passed over)."""
+    entries = work.listdir(root)
+    dirs = [d for d in entries if work.inside(d) and d.is_dir()]
+    if (root / "latest").is_file() or any(d.name.startswith("global_step") for d in dirs):
+        for d in dirs:
+            if d.name.startswith("global_step") and (s := _step_of(d.name)) is not None:
                 yield CheckpointFormat.DEEPSPEED, d, s
-    if (root / "latest_checkpointed_iteration.txt").is_file() or any(root.glob("iter_*")):
-        for d in root.glob("iter_*"):
-            if d.is_dir() and (s := _step_of(d.name)) is not None:
+    if (root / "latest_checkpointed_iteration.txt").is_file() or any(d.name.startswith("iter_") for d in dirs):
+        for d in dirs:
+            if d.name.startswith("iter_") and (s := _step_of(d.name)) is not None:
                 yield CheckpointFormat.MEGATRON, d, s
-    for d in root.glob("checkpoint-*"):
-        if d.is_dir() and (s := _step_of(d.name)) is not None:
+    for d in dirs:
+        if d.name.startswith("checkpoint-") and (s := _step_of(d.name)) is not None:
             yield CheckpointFormat.HF, d, s
-    for d in root.iterdir() if root.is_dir() else ():
-        other = d.is_dir() and not d.name.startswith(("global_step", "iter_", "checkpoint-"))
-        if other and ((d / ".metadata").exists() or any(d.glob("*.distcp"))):
+    for d in dirs:
+        if d.name.startswith(("global_step", "iter_", "checkpoint-")):
+            continue
+        if (d / ".metadata").exists() or work.listdir(d, "*.distcp"):
             yield CheckpointFormat.DCP, d, _step_of(d.name) or 0
     if (root / ".metadata").exists():
         yield CheckpointFormat.DCP, root, _step_of(root.name) or 0
 
 
-_CHECKS = {CheckpointFormat.DCP: check_dcp, CheckpointFormat.DEEPSPEED: _deepspeed,
-           CheckpointFormat.MEGATRON: _megatron, CheckpointFormat.HF: _huggingface}
+_CHECKS: dict[CheckpointFormat, Callable[[Path, Work], None]] = {
+    CheckpointFormat.DCP: check_dcp, CheckpointFormat.DEEPSPEED: _deepspeed,
+    CheckpointFormat.MEGATRON: _megatron, CheckpointFormat.HF: _huggingface,
+}
 
 
-def discover(root: Path) -> Discovery:
-    """The newest complete checkpoint under `root`, and the newer ones that were skipped and why."""
+def allowed(root: Path, roots: Sequence[str | os.PathLike[str]]) -> str | None:
+    """Why `root` may not be searched (outside every allowed root, symlinks resolved), or None."""
+    real = os.path.realpath(root)
+    if not roots:
+        return (f"checkpoint path {root} refused: no allowed roots are configured (set KMEND_CHECKPOINT_ROOTS "
+                "to the directories checkpoints live under)")
+    if any(_under(real, os.path.realpath(r)) for r in roots):
+        return None
+    return f"checkpoint path {root} (really {real}) is outside the allowed roots {[str(r) for r in roots]}"
+
+
+def discover(root: Path, *, roots: Sequence[str | os.PathLike[str]] | None = None, limits: Limits | None = None,
+             clock: Callable[[], float] = time.monotonic) -> Discovery:
+    """The newest complete checkpoint under `root`, and the newer ones that were skipped and why.
+
+    With `roots`, `root` must lie under one of them (after resolving symlinks). Nothing a
+    symlink takes out of `root` is read, and the search stops within `limits`.
+    """
+    if roots is not None and (why := allowed(root, roots)) is not None:
+        return Discovery(None, ((str(root), why),))
     if not root.is_dir():
         return Discovery(None, ((str(root), "checkpoint path does not exist"),))
-    found = sorted(_candidates(root), key=lambda c: (c[2], c[1].stat().st_mtime), reverse=True)
+    # Object-store prefixes (UPath) have no symbolic links to leave by; only local paths get a boundary.
+    local = isinstance(root, PurePath)
+    work = Work(limits, boundary=os.path.realpath(root) if local else None, clock=clock)
     skipped: list[tuple[str, str]] = []
-    for fmt, path, step in found:
-        try:
-            _CHECKS[fmt](path)
-        except Incomplete as exc:
-            skipped.append((str(path), str(exc)))
-            continue
-        except OSError as exc:
-            skipped.append((str(path), f"unreadable: {exc}"))
-            continue
-        return Discovery(Checkpoint(fmt, str(path), step), tuple(skipped), tuple(sorted({f for f, _, _ in found})))
+    try:
+        found = sorted(_candidates(root, work), key=lambda c: (c[2], c[1].stat().st_mtime), reverse=True)
+        for fmt, path, step in found:
+            try:
+                _CHECKS[fmt](path, work)
+            except Incomplete as exc:
+                skipped.append((str(path), str(exc)))
+                continue
+            except OSError as exc:
+                skipped.append((str(path), f"unreadable: {exc}"))
+                continue
+            return Discovery(Checkpoint(fmt, str(path), step), tuple(skipped),
+                             tuple(sorted({f for f, _, _ in found})))
+    except OverBudget as exc:
+        skipped.append((str(root), f"search stopped: {exc}"))
+        return Discovery(None, tuple(skipped))
+    except OSError as exc:
+        skipped.append((str(root), f"unreadable: {exc}"))
+        return Discovery(None, tuple(skipped))
     return Discovery(None, tuple(skipped), tuple(sorted({f for f, _, _ in found})))
 
 
@@ -349,4 +527,4 @@ def discovery_from_json(text: str) -> Discovery:
 
 def discover_json(root: os.PathLike[str]) -> dict[str, Any]:
     """``discover`` for the node agent: a local directory in, JSON out."""
-    return discovery_to_json(discover(Path(root)))
+    return discovery_to_json(discover(Path(root), roots=(os.fspath(root),)))

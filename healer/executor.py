@@ -28,13 +28,14 @@ from healer.records import (
     StepState,
 )
 from healer.safety import Guard, VerdictKind
-from healer.steps import checkpoint, drain, node, repair, restart, spare
+from healer.steps import checkpoint, drain, evidence, node, repair, restart, spare
 from healer.steps.base import StepContext, StepRunner
 
 log = logging.getLogger("kmend.healer")
 
 RUNNERS: dict[StepKind, StepRunner] = {
     **node.RUNNERS,
+    StepKind.EVIDENCE: evidence.capture,
     StepKind.DRAIN: drain.drain,
     StepKind.SPARE_SWAP: spare.spare_swap,
     StepKind.CHECKPOINT: checkpoint.checkpoint,
@@ -207,6 +208,8 @@ def describe(step: ActionStep) -> str:
     p = step.params
     node = step.node or "-"
     match step.kind:
+        case StepKind.EVIDENCE:
+            return f"keep the evidence of incident {p.get('incident')} with the plan"
         case StepKind.CORDON:
             return f"cordon {node}"
         case StepKind.TAINT:
@@ -233,4 +236,6 @@ def describe(step: ActionStep) -> str:
             return f"run the health-check Job on {node}"
         case StepKind.RETURN:
             return f"return {node} to the spare pool"
+        case StepKind.ACCEPT:
+            return f"remove kmend.io/unvalidated from {node}: it takes work"
     return step.kind.value

@@ -53,6 +53,11 @@ def job_of(pod: PodInfo) -> str | None:
     return None
 
 
+def jobs_bound(pods: Iterable[PodInfo]) -> list[str]:
+    """Jobs with a pod bound to the node now (DaemonSets' and terminating pods aside), by name."""
+    return sorted({j for p in pods if p.node and not p.terminating and not is_daemon(p) and (j := job_of(p))})
+
+
 def pods_of_job(pods: Iterable[PodInfo], job: str, namespace: str | None = None) -> list[PodInfo]:
     """The pods of one job (in one namespace when given)."""
     return [p for p in pods if job_of(p) == job and (namespace is None or p.namespace == namespace)]

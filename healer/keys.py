@@ -42,3 +42,8 @@ POD_GROUP_LABELS = ("scheduling.x-k8s.io/pod-group", "kmend.io/pod-group")
 """Labels grouping plain pods into a gang."""
 HEALTH_CHECK_LABEL = "kmend.io/health-check"
 """Label on validation Jobs (``<node>``)."""
+UNVALIDATED_TAINT_KEY = "kmend.io/unvalidated"
+"""Taint (NoSchedule) on a node that has not passed kmend's health check yet: new, or back from repair.
+Nodes may also register with it (kubelet ``--register-with-taints=kmend.io/unvalidated=new:NoSchedule``)."""
+VALIDATED_AT = "kmend.io/validated-at"
+"""Annotation: when the node last passed the health check, RFC 3339."""

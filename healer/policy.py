@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from analyzer.records import Incident
 from healer.keys import CONDITION_TYPE, FAULT_TAINT_KEY, MANAGED_LABEL
-from healer.policy_file import DrainScope, PlanTemplate, PolicyFile, StepName
+from healer.policy_explain import explain
+from healer.policy_file import DrainScope, PlanTemplate, PolicyFile, RepairKind, StepName
 from healer.records import ActionStep, Mode, Plan, StepKind
 from healer.steps.node import rfc3339
 
@@ -46,6 +47,45 @@ class PlanContext:
     """Another active plan that already holds the node."""
     in_cooldown: bool = False
     """The node was quarantined by an earlier plan within the cooldown."""
+    job: str | None = None
+    """The job bound to the root-cause node now, asked from the cluster ('': none; None: keep the incident's)."""
+    attempts: Mapping[RepairKind, int] = field(default_factory=dict)
+    """Repairs of each kind already tried on this node (resets: on this GPU) within the attempts window."""
+    lemon: str = ""
+    """Why the node is a lemon (repeated hardware faults within the lemon window), if it is."""
+
+
+LADDER = (RepairKind.RESET_GPU, RepairKind.REBOOT, RepairKind.REPLACE)
+"""Repairs from least to most disruptive; past the last rung a person decides."""
+
+
+def climb(policy: PolicyFile, template: PlanTemplate, ctx: PlanContext) -> tuple[PlanTemplate, str, bool]:
+    """The ladder rung for this node: the template's repair unless tried ``max_attempts`` times already.
+
+    Returns the template, why it changed ('' when it did not) and whether a person must decide.
+    """
+    if StepName.REPAIR not in template.steps:
+        return template, "", False
+    cap = policy.safety.max_attempts
+    start = LADDER.index(template.repair)
+    if ctx.lemon:
+        start = max(start, LADDER.index(RepairKind.REPLACE))
+    why = [ctx.lemon] if ctx.lemon else []
+    for kind in LADDER[start:]:
+        tried = ctx.attempts.get(kind, 0)
+        if tried < cap:
+            if kind is template.repair:
+                return template, "; ".join(why), False
+            found = next((t for t in policy.plans.values()
+                          if t.repair is kind and StepName.REPAIR in t.steps), None)
+            if found is not None:
+                return found, "; ".join([*why, f"escalated to {kind.value}"]), False
+        else:
+            why.append(f"{kind.value} tried {tried} time(s) within {policy.safety.attempts_window_s:.0f} s "
+                       f"(max {cap})")
+    person = next((t for t in policy.plans.values()
+                   if StepName.QUARANTINE in t.steps and StepName.REPAIR not in t.steps), template)
+    return person, "; ".join([*why, "every rung tried: a person decides"]), True
 
 
 def plan_id_for(incident: Incident) -> str:
@@ -75,12 +115,24 @@ def quarantine_steps(pid: str, start: int, node: str, fault: str, message: str, 
 
 
 def _steps(pid: str, template: PlanTemplate, incident: Incident, policy: PolicyFile, ctx: PlanContext,
-           message: str) -> list[ActionStep]:
+           message: str, rung: str = "") -> list[ActionStep]:
     node = incident.root_cause.node or ""
-    job = incident.root_cause.job or ""
+    job = (incident.root_cause.job if ctx.job is None else ctx.job) or ""
     ns = ctx.namespace or ""
     d = policy.defaults
     out: list[ActionStep] = []
+    if (NODE_STEPS | {StepName.RESTART_JOB}) & set(template.steps):
+        # Before anything destructive, what the plan acts on is kept with it (the journal is the record).
+        lines = [f"{f.rule_id} {f.where.node or '-'}: {f.message}"[:500] for f in incident.findings[:20]]
+        out.append(ActionStep(f"{pid}-0", StepKind.EVIDENCE, node or None, {
+            "incident": incident.id, "lines": "\n".join(lines),
+            "signals": ",".join(e for f in incident.findings[:20] for e in f.evidence[:3]),
+            "gpu": incident.root_cause.gpu or "", "pci": incident.root_cause.pci or "",
+            "hang": str(incident.fault_class.value in ("hang", "nccl_timeout", "nccl_error")).lower(),
+            # The ranks' Flight Recorder dumps (their stacks per collective) the agent sent, when a hang is involved.
+            "stack_dumps": ",".join(e for f in incident.findings if f.rule_id == "flight-recorder"
+                                    for e in f.evidence[:64]),
+            "ladder": rung}))
     for name in template.steps:
         i = len(out)
         sid = f"{pid}-{i}"
@@ -128,12 +180,19 @@ def choose_plan(incident: Incident, policy: PolicyFile, config: PolicyConfig, ct
     message = (f"kmend incident {incident.id}: {incident.fault_class.value} on {node or '-'}"
                + (f" (GPU {rc.gpu or rc.pci})" if rc.gpu or rc.pci else "")
                + (f" job={rc.job}" if rc.job else "") + f"; {incident.root_finding.message[:200]}")
-    rule = policy.choose(incident.fault_class, incident.severity, incident.hardware, incident.recommended_action,
-                         ctx.node_labels, rc.job)
+    ex = explain(incident, policy, ctx.now, ctx.node_labels, ctx.job)
+    rule, mode = ex.rule, ex.mode
     template = policy.plans[rule.plan]
-    mode = rule.mode
     reason = (f"rule {rule.name!r}: {'hardware' if incident.hardware else 'application'} fault "
-              f"{incident.fault_class.value} recommends {incident.recommended_action.value}")
+              f"{incident.fault_class.value} recommends {incident.recommended_action.value}"
+              f" (evidence {ex.facts.rule_id})")
+    if mode is not rule.mode:
+        reason += f"; {rule.opt_in} opted in to run automatically"
+    template, rung, person = climb(policy, template, ctx)
+    if rung:
+        reason += f"; {rung}: plan {template.name}"
+        if person:
+            mode = Mode.APPROVAL
     touches_node = bool(NODE_STEPS & set(template.steps))
     if touches_node and not node:
         template, reason = policy.plans[policy.fallback.plan], reason + "; no node named: notify only"
@@ -143,7 +202,7 @@ def choose_plan(incident: Incident, policy: PolicyFile, config: PolicyConfig, ct
         template, reason = policy.plans[policy.fallback.plan], f"node held by plan {ctx.node_held_by}: notify only"
     elif touches_node and ctx.in_cooldown and mode is Mode.AUTO:
         mode, reason = Mode.APPROVAL, reason + "; node was quarantined within the cooldown: an operator decides"
-    steps = _steps(pid, template, incident, policy, ctx, message)
+    steps = _steps(pid, template, incident, policy, ctx, message, rung)
     if not any(s.kind is StepKind.NOTIFY for s in steps) and not steps:
         steps = [ActionStep(f"{pid}-0", StepKind.NOTIFY, node, {"to": "the operator", "message": message})]
     if config.require_approval and mode is Mode.AUTO and any(s.node for s in steps if s.kind is not StepKind.NOTIFY):
@@ -151,7 +210,8 @@ def choose_plan(incident: Incident, policy: PolicyFile, config: PolicyConfig, ct
     if config.dry_run:
         mode = Mode.DRY_RUN
     return Plan(id=pid, incident_id=incident.id, policy=f"{rule.name}/{template.name}", mode=mode,
-                steps=tuple(steps), reason=reason, node=node, job=rc.job, namespace=ctx.namespace,
+                steps=tuple(steps), reason=reason, node=node, job=(rc.job if ctx.job is None else ctx.job) or None,
+                namespace=ctx.namespace,
                 fault_class=incident.fault_class.value, created_at=ctx.now)
 
 

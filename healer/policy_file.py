@@ -1,13 +1,15 @@
 """The healing policy file: YAML validated at load (file and field in every error), frozen records inside.
 
 The shipped default is ``healer/policies/default.yaml``; deployments point ``KMEND_POLICY_FILE`` at
-their own. Rules are tried in order and the first that matches an incident names its plan and mode.
+their own. Rules are tried in file order and the first that matches an incident names its plan and mode;
+a rule that an earlier rule fully shadows (every incident it matches, the earlier one matches first) is
+an error at load, so the order a reader sees is the order that decides.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
@@ -53,6 +55,17 @@ class DrainScope(StrEnum):
     node's healthy GPUs keep running while the node stays cordoned."""
 
 
+class OptIn(StrEnum):
+    """Kinds of evidence whose plans wait for a person unless the operator lets them run automatically."""
+
+    NETWORK = "network"
+    """InfiniBand/RoCE/NIC: often a switch or cable, not the node."""
+    NVLINK = "nvlink"
+    """NVLink/NVSwitch/fabric manager: often the baseboard or the fabric, not one GPU."""
+    SOFT = "soft"
+    """Stragglers and thermal/power slowdowns: a trend, not a failure."""
+
+
 class Escalation(StrEnum):
     """Restart levels, least to most disruptive (Volcano's policies)."""
 
@@ -85,6 +98,32 @@ class Match:
     """Node label globs, e.g. ``nvidia.com/gpu.product: "*H100*"``."""
     job: str | None = None
     """Job name glob."""
+    rules: tuple[str, ...] = ()
+    """Globs on the root finding's rule or detector id (``xid-79``, ``straggler-*``) (empty: any)."""
+    culprit: bool | None = None
+    """A detector (Flight Recorder, hang detector) named the culprit rank or node; None: either."""
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What rules are matched against: the incident as the policy sees it."""
+
+    fault_class: FaultClass
+    """Fault class of the root cause."""
+    severity: Severity
+    """Highest severity."""
+    hardware: bool
+    """Hardware (True) or application (False) fault."""
+    action: Action
+    """Recommended action of the incident."""
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the root-cause node."""
+    job: str | None = None
+    """Job affected."""
+    rule_id: str = ""
+    """Rule or detector id of the root finding (the evidence kind)."""
+    culprit: bool = False
+    """A detector named the culprit rank or node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +138,12 @@ class Rule:
     """Name of the plan template."""
     mode: Mode
     """auto, approval or dry-run."""
+    opt_in: OptIn | None = None
+    """Kind of evidence: an approval rule runs automatically when the policy's ``automatic`` lists it."""
+    min_findings: int = 1
+    """Cause findings the incident needs before a plan is made (soft evidence must repeat)."""
+    fresh_s: float | None = None
+    """The newest of them must be at most this old when the plan is made (None: any age)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +174,18 @@ class Safety:
     """No new quarantine of a node within this long of its last one."""
     job_restart_window_s: float = 600.0
     """At most one restart of a job within this window."""
+    max_out_fraction: float = 0.10
+    """No automatic quarantine while this fraction of GPU nodes is already out (quarantined by kmend or
+    not yet validated), however long ago they went out: the level, beside the window's rate."""
+    attempts_window_s: float = 7 * 86400.0
+    """Remediation attempts on a node or GPU within this long count toward ``max_attempts``."""
+    max_attempts: int = 1
+    """Attempts of one repair kind on a node (a GPU for resets) before the next rung of the ladder
+    (reset -> reboot -> replace -> a person)."""
+    lemon_faults: int = 3
+    """A node with this many hardware-fault plans within ``lemon_window_s`` is a lemon: replaced, reported."""
+    lemon_window_s: float = 30 * 86400.0
+    """Window of the lemon count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +215,22 @@ class Defaults:
 
 
 @dataclass(frozen=True, slots=True)
+class Validation:
+    """What the health-check Job of a new or repaired node runs before the node takes work."""
+
+    new_nodes: bool = True
+    """Taint nodes kmend has not validated yet ``kmend.io/unvalidated:NoSchedule`` and check them."""
+    dcgm_level: int = 2
+    """``dcgmi diag -r`` level (1 quick, 2 medium, 3 long, 4 extended)."""
+    nccl_min_busbw_gbps: float = 0.0
+    """Minimum all-reduce bus bandwidth across the node's GPUs (``all_reduce_perf``); 0: run, do not judge."""
+    ib_loopback: bool = False
+    """Also run an InfiniBand loopback bandwidth test on each HCA."""
+    timeout_s: float = 1800.0
+    """How long the Job may take before the node counts as failed."""
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyFile:
     """A loaded, validated policy."""
 
@@ -175,29 +248,79 @@ class PolicyFile:
     """Node label keys from the narrowest domain to the widest (leaf, spine)."""
     fallback: Rule
     """Applies when no rule matches."""
+    automatic: frozenset[OptIn] = frozenset()
+    """Kinds of evidence the operator lets run without approval."""
+    validation: Validation = field(default_factory=lambda: Validation())
+    """Acceptance checks of new and repaired nodes."""
 
-    def choose(self, fault_class: FaultClass, severity: Severity, hardware: bool, action: Action,
-               node_labels: Mapping[str, str], job: str | None) -> Rule:
+    def choose(self, facts: Facts) -> Rule:
         """The first rule that matches."""
         for r in self.rules:
-            if _matches(r.match, fault_class, severity, hardware, action, node_labels, job):
+            if mismatch(r.match, facts) is None:
                 return r
         return self.fallback
 
+    def mode_of(self, rule: Rule) -> Mode:
+        """The rule's mode, with the operator's opt-ins applied."""
+        if rule.mode is Mode.APPROVAL and rule.opt_in is not None and rule.opt_in in self.automatic:
+            return Mode.AUTO
+        return rule.mode
 
-def _matches(m: Match, fc: FaultClass, sev: Severity, hw: bool, action: Action, labels: Mapping[str, str],
-             job: str | None) -> bool:
-    if m.fault_classes and fc not in m.fault_classes:
+
+def _names(values: Iterable[str]) -> str:
+    return "[" + ", ".join(sorted(values)) + "]"
+
+
+def mismatch(m: Match, f: Facts) -> str | None:
+    """Why the match does not hold (the first field that fails), or None when it holds."""
+    if m.fault_classes and f.fault_class not in m.fault_classes:
+        return f"fault_class {f.fault_class.value} not in {_names(m.fault_classes)}"
+    if m.min_severity is not None and SEVERITY_RANK[f.severity] < SEVERITY_RANK[m.min_severity]:
+        return f"severity {f.severity.value} below {m.min_severity.value}"
+    if m.hardware is not None and m.hardware != f.hardware:
+        return f"hardware is {str(f.hardware).lower()}, the rule wants {str(m.hardware).lower()}"
+    if m.actions and f.action not in m.actions:
+        return f"recommended_action {f.action.value} not in {_names(m.actions)}"
+    if m.rules and not any(fnmatch.fnmatchcase(f.rule_id, g) for g in m.rules):
+        return f"rule {f.rule_id or '-'} not in {_names(m.rules)}"
+    if m.culprit is not None and m.culprit != f.culprit:
+        return "no detector named the culprit rank or node" if m.culprit else "a detector named the culprit"
+    for k, v in m.node_labels.items():
+        if not fnmatch.fnmatchcase(f.node_labels.get(k, ""), v):
+            return f"node label {k}={f.node_labels.get(k, '')!r} does not match {v!r}"
+    if m.job is not None and (f.job is None or not fnmatch.fnmatchcase(f.job, m.job)):
+        return f"job {f.job or '-'} does not match {m.job!r}"
+    return None
+
+
+def covers(a: Match, b: Match) -> bool:
+    """Whether every incident `b` matches, `a` matches too (conservative: globs compare as written)."""
+    def subset(outer: frozenset[Any], inner: frozenset[Any]) -> bool:
+        return not outer or (bool(inner) and inner <= outer)
+    if not subset(a.fault_classes, b.fault_classes) or not subset(a.actions, b.actions):
         return False
-    if m.min_severity is not None and SEVERITY_RANK[sev] < SEVERITY_RANK[m.min_severity]:
+    if a.min_severity is not None and (
+            b.min_severity is None or SEVERITY_RANK[b.min_severity] < SEVERITY_RANK[a.min_severity]):
         return False
-    if m.hardware is not None and m.hardware != hw:
+    if a.hardware is not None and a.hardware != b.hardware:
         return False
-    if m.actions and action not in m.actions:
+    if a.culprit is not None and a.culprit != b.culprit:
         return False
-    if any(not fnmatch.fnmatchcase(labels.get(k, ""), v) for k, v in m.node_labels.items()):
+    if a.rules and not (b.rules and all(any(fnmatch.fnmatchcase(x, g) for g in a.rules) for x in b.rules)):
         return False
-    return m.job is None or (job is not None and fnmatch.fnmatchcase(job, m.job))
+    if any(k not in b.node_labels or not fnmatch.fnmatchcase(b.node_labels[k], v) for k, v in a.node_labels.items()):
+        return False
+    return a.job is None or (b.job is not None and fnmatch.fnmatchcase(b.job, a.job))
+
+
+def check_shadowing(rules: Sequence[Rule], source: str) -> None:
+    """A rule that can never match because an earlier rule takes all its incidents is an error."""
+    for j, later in enumerate(rules):
+        for i, earlier in enumerate(rules[:j]):
+            if covers(earlier.match, later.match):
+                raise PolicyError(f"{source}: rules.{j}: rule {later.name!r} never matches: rule {earlier.name!r} "
+                                  f"(rules.{i}) comes first and matches every incident it does; put the narrower "
+                                  "rule first or narrow the earlier one")
 
 
 # -- the YAML boundary ---------------------------------------------------------------------
@@ -214,6 +337,8 @@ class _MatchModel(_Strict):
     recommended_action: list[Action] = Field(default_factory=list)
     node_labels: dict[str, str] = Field(default_factory=dict)
     job: str | None = None
+    rule: list[str] = Field(default_factory=list)
+    culprit: bool | None = None
 
 
 class _RuleModel(_Strict):
@@ -221,6 +346,9 @@ class _RuleModel(_Strict):
     match: _MatchModel = Field(default_factory=_MatchModel)
     plan: str
     mode: Mode = Mode.AUTO
+    opt_in: OptIn | None = None
+    min_findings: int = Field(1, ge=1)
+    fresh_s: float | None = Field(None, gt=0)
 
 
 class _PlanModel(_Strict):
@@ -245,6 +373,19 @@ class _SafetyModel(_Strict):
     max_plans_per_hour: int = Field(100, ge=1)
     node_cooldown_s: float = Field(3600.0, ge=0)
     job_restart_window_s: float = Field(600.0, ge=0)
+    max_out_fraction: float = Field(0.10, gt=0, le=1)
+    attempts_window_s: float = Field(7 * 86400.0, ge=0)
+    max_attempts: int = Field(1, ge=1)
+    lemon_faults: int = Field(3, ge=2)
+    lemon_window_s: float = Field(30 * 86400.0, gt=0)
+
+
+class _ValidationModel(_Strict):
+    new_nodes: bool = True
+    dcgm_level: int = Field(2, ge=1, le=4)
+    nccl_min_busbw_gbps: float = Field(0.0, ge=0)
+    ib_loopback: bool = False
+    timeout_s: float = Field(1800.0, gt=0)
 
 
 class _DefaultsModel(_Strict):
@@ -269,6 +410,17 @@ class _PolicyModel(_Strict):
     plans: dict[str, _PlanModel]
     rules: list[_RuleModel] = Field(min_length=1)
     fallback: _RuleModel = Field(default_factory=lambda: _RuleModel(name="fallback", plan="notify"))
+    automatic: list[OptIn] = Field(default_factory=list)
+    validation: _ValidationModel = Field(default_factory=_ValidationModel)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> _PolicyModel:
+        seen: dict[str, int] = {}
+        for i, r in enumerate(self.rules):
+            if r.name in seen:
+                raise ValueError(f"rules.{i}.name: rule name {r.name!r} is also rules.{seen[r.name]}")
+            seen[r.name] = i
+        return self
 
     @model_validator(mode="after")
     def _plans_exist(self) -> _PolicyModel:
@@ -283,7 +435,9 @@ class _PolicyModel(_Strict):
 def _rule(m: _RuleModel) -> Rule:
     mm = m.match
     return Rule(m.name, Match(frozenset(mm.fault_class), mm.min_severity, mm.hardware,
-                              frozenset(mm.recommended_action), dict(mm.node_labels), mm.job), m.plan, m.mode)
+                              frozenset(mm.recommended_action), dict(mm.node_labels), mm.job, tuple(mm.rule),
+                              mm.culprit),
+                m.plan, m.mode, m.opt_in, m.min_findings, m.fresh_s)
 
 
 def parse_policy(data: Any, source: str) -> PolicyFile:
@@ -295,9 +449,11 @@ def parse_policy(data: Any, source: str) -> PolicyFile:
         path = ".".join(str(p) for p in e["loc"]) or "(document)"
         raise PolicyError(f"{source}: {path}: {e['msg']}") from None
     d = m.defaults
+    rules = tuple(_rule(r) for r in m.rules)
+    check_shadowing(rules, source)
     return PolicyFile(
         source=source,
-        rules=tuple(_rule(r) for r in m.rules),
+        rules=rules,
         plans={n: PlanTemplate(n, tuple(p.steps), p.repair, p.drain) for n, p in m.plans.items()},
         safety=Safety(**m.safety.model_dump()),
         defaults=Defaults(d.drain_grace_s, d.drain_timeout_s, d.checkpoint_path, d.max_retry, tuple(d.escalation),
@@ -305,6 +461,8 @@ def parse_policy(data: Any, source: str) -> PolicyFile:
                           d.health_check_image, tuple(d.gpu_assignment_annotations)),
         topology_keys=tuple(m.topology_keys),
         fallback=_rule(m.fallback),
+        automatic=frozenset(m.automatic),
+        validation=Validation(**m.validation.model_dump()),
     )
 
 

@@ -18,6 +18,7 @@ class Mode(StrEnum):
 class StepKind(StrEnum):
     """What one step does through the Cluster and Workloads ports."""
 
+    EVIDENCE = "evidence"
     CORDON = "cordon"
     TAINT = "taint"
     LABEL = "label"
@@ -31,6 +32,7 @@ class StepKind(StrEnum):
     REPAIR = "repair"
     VALIDATE = "validate"
     RETURN = "return"
+    ACCEPT = "accept"
 
 
 class StepState(StrEnum):

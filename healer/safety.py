@@ -1,4 +1,5 @@
-"""Safety brakes checked before a step runs: circuit breaker, hourly rate, one restart per job per window.
+"""Safety brakes checked before a step runs: circuit breaker (level and rate), hourly plan rate, one restart per
+job per window.
 
 Counts come from the journal (the ledger), not from memory, so they hold across restarts and replicas.
 """
@@ -12,6 +13,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from healer.cluster import NodeInfo
+from healer.keys import QUARANTINED_BY, QUARANTINED_LABEL
 from healer.policy_file import Safety
 from healer.records import ActionStep, Plan, StepKind, StepState
 
@@ -19,6 +21,8 @@ GPU_NODE_LABELS = ("nvidia.com/gpu.count", "nvidia.com/gpu.present", "nvidia.com
 """Labels that mark a GPU node (set by GPU feature discovery)."""
 OPERATOR_POLICY_PREFIX = "operator/"
 """Plans an operator asked for through the API: the breaker does not stop them (they still count)."""
+UNLIMITED_PREFIXES = (OPERATOR_POLICY_PREFIX, "acceptance/")
+"""Plans the hourly rate does not hold back (operators' and health checks of new or repaired nodes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,16 @@ def gpu_nodes(nodes: Sequence[NodeInfo]) -> int:
     return n or len(nodes)
 
 
+def out_by_kmend(nodes: Sequence[NodeInfo]) -> set[str]:
+    """Nodes kmend has out of service now: quarantined by kmend (not by an operator) and not yet returned.
+
+    A node stays labelled from its quarantine until validation returns it, so this counts nodes that went
+    out days ago and are still waiting for repair, which a windowed count forgets.
+    """
+    return {n.name for n in nodes
+            if n.labels.get(QUARANTINED_LABEL) == "true" and n.annotations.get(QUARANTINED_BY, "kmend") == "kmend"}
+
+
 def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%H:%M:%SZ")
 
@@ -117,7 +131,7 @@ class Guard:
         now = self.clock()
         s = self.safety
         started = any(x.state is not StepState.PENDING for x in plan.steps)
-        if not started and step.node and not plan.policy.startswith(OPERATOR_POLICY_PREFIX):
+        if not started and step.node and not plan.policy.startswith(UNLIMITED_PREFIXES):
             n = self.ledger.plans_started_since(now - 3600, exclude_plan=plan.id)
             if n >= s.max_plans_per_hour:
                 return Verdict(VerdictKind.WAIT, f"rate limit: {n} plans acted in the last hour "
@@ -127,9 +141,17 @@ class Guard:
             if breaker.tripped:
                 return Verdict(VerdictKind.BLOCK, f"circuit breaker tripped: {breaker.reason}; "
                                                   "reset it with POST /v1/breaker/reset")
+            nodes = self.nodes()
+            total = gpu_nodes(nodes)
+            out = out_by_kmend(nodes) | {step.node or ""}
+            # The level: nodes still out however long ago they went. One node is always allowed.
+            if total and len(out) > max(1.0, s.max_out_fraction * total):
+                reason = (f"quarantining {step.node} would make {len(out)} of {total} GPU nodes out of service by "
+                          f"kmend (more than {s.max_out_fraction:.0%}, however long ago they went out)")
+                self.ledger.trip_breaker(now, reason)
+                return Verdict(VerdictKind.BLOCK, f"circuit breaker tripped: {reason}", tripped=True)
             recent = self.ledger.quarantined_nodes_since(now - s.breaker_window_s, exclude_plan=plan.id)
             recent.add(step.node or "")
-            total = gpu_nodes(self.nodes())
             # One node is always allowed: in a small cluster 10% is less than one node.
             if total and len(recent) > max(1.0, s.breaker_max_fraction * total):
                 reason = (f"quarantining {step.node} would make {len(recent)} of {total} GPU nodes quarantined "

@@ -30,11 +30,13 @@ from analyzer.matcher import FastMatcher
 from analyzer.metric_eval import SignalEvaluator
 from analyzer.metric_rules import SignalRules, default_metric_rules_dir, load_signal_rules
 from analyzer.pipeline import Analyzer
+from analyzer.progress import match_progress
 from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
 from analyzer.records import Finding, Incident
 from analyzer.rules import Rule, RuleError, default_rules_dir, load_rules
 from collector.bundle import BundleSource, LogFile
 from collector.metric_files import looks_like_scrape, scrape_signals, webhook_signals
+from collector.podmeta import parse_labels_file
 from collector.signal import LogLine, Signal
 
 BUNDLE_WINDOW_S = math.inf
@@ -51,7 +53,8 @@ wants a slowdown on several consecutive evaluations, as the service sees it live
 
 def _progress_lines(texts: Sequence[str], rules: Sequence[ProgressRule]) -> set[int]:
     """Lines a progress rule extracts something from (its literal is checked before its pattern)."""
-    return {i for i, text in enumerate(texts) if any(r.extract(text) is not None for r in rules)}
+    ordered = sorted(rules, key=lambda r: r.priority)
+    return {i for i, text in enumerate(texts) if match_progress(text, ordered) is not None}
 
 
 def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence[ProgressRule] = (),
@@ -63,7 +66,7 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
     last_ts: float | None = None
     for f in source.files():
         fl = source.lines(f)
-        metric = _metric_signals(f, fl.texts)
+        metric = _metric_signals(f, fl.raw)  # the file as written, not its folded events
         if metric is not None:
             signals.extend(metric)
             if metric:
@@ -129,7 +132,9 @@ def diagnose(args: argparse.Namespace) -> list[Incident]:
     """Incidents of the bundle named by the parsed arguments."""
     rules = load_rules(args.rules or [default_rules_dir()])
     progress_rules = load_progress_rules([default_progress_rules_dir()])
-    source = BundleSource(args.paths, node=args.node, job=args.job)
+    labels_file = getattr(args, "pod_labels_file", None)
+    labels = parse_labels_file(labels_file.read_text(encoding="utf-8"), str(labels_file)) if labels_file else {}
+    source = BundleSource(args.paths, node=args.node, job=args.job, pod_labels=labels)
     window = args.window if args.window is not None else BUNDLE_WINDOW_S
     return diagnose_source(source, rules, FastMatcher(rules), progress_rules, window)
 
@@ -226,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     except RuleError as exc:
         print(f"kmend analyze: bad rule pack: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"kmend analyze: {exc}", file=sys.stderr)
         return 2
     if args.format == "json":

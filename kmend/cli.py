@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from kmend.commands import agent, analyze, ctl, demo, evaluate, fluentbit, rules, serve
+from kmend.commands import agent, analyze, ctl, demo, evaluate, fluentbit, policy, rules, serve
 from kmend.errors import EXIT_CONFIG, ConfigError
 
 
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get("KMEND_LOG_FORMAT", "text").lower(),
                         help="text for people, json (one object per line) for log pipelines (KMEND_LOG_FORMAT)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (serve, agent, analyze, demo, fluentbit, rules, evaluate, ctl):
+    for module in (serve, agent, analyze, demo, fluentbit, rules, evaluate, policy, ctl):
         module.register(sub)
     return parser
 

@@ -95,7 +95,7 @@ def run_demo(*, nodes: int = 16, gpus: int = 8, job_nodes: int = 8, spares: int 
         ckpt = write_checkpoints(base / "checkpoints")
         settings = Settings(database_url=f"sqlite:///{base / 'kmend-demo.db'}", cluster="sim", sim_nodes=nodes,
                             sim_gpus_per_node=gpus, healer_interval_s=0.1, symptom_settle_s=5.0,
-                            policy_file=demo_policy(base / "policy.yaml"))
+                            policy_file=demo_policy(base / "policy.yaml"), checkpoint_roots=[ckpt])
         world = SimWorld(nodes=nodes, gpus=gpus, spares=spares,
                          job=JobSpec(JOB, job_nodes, checkpoint_path=str(ckpt)))
         notifier = LogNotifier()
@@ -170,7 +170,9 @@ def _quarantined(client: httpx.Client, node: str) -> bool:
 
 def _pending_request(client: httpx.Client, node: str) -> dict[str, Any] | None:
     reqs: list[dict[str, Any]] = client.get(f"/v1/nodes/{node}/requests").json()["requests"]
-    return reqs[0] if reqs else None
+    # The platform answers repairs; stack_dump requests are the node agent's (there is none in the demo).
+    repairs = [r for r in reqs if r["kind"] != "stack_dump"]
+    return repairs[0] if repairs else None
 
 
 def _plans_done(client: httpx.Client) -> bool:

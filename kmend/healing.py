@@ -12,9 +12,11 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from analyzer.records import Incident, IncidentState
-from healer.cluster import ClusterEvent, Condition, NotFoundError
+from healer.acceptance import Candidate, acceptance_plan, candidates, is_acceptance
+from healer.cluster import ClusterEvent, Condition, NotFoundError, Taint
 from healer.executor import PlanExecutor, describe
-from healer.jobs import pods_of_job
+from healer.history import hardware_faults, lemon_reason, mtbi_s, node_history
+from healer.jobs import jobs_bound, pods_of_job
 from healer.keys import (
     CONDITION_TYPE,
     FAULT_TAINT_KEY,
@@ -24,9 +26,11 @@ from healer.keys import (
     QUARANTINED_AT,
     QUARANTINED_BY,
     QUARANTINED_LABEL,
+    UNVALIDATED_TAINT_KEY,
 )
 from healer.notify import Announcement, Notifier, announce
 from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
+from healer.policy_explain import explain
 from healer.policy_file import PolicyFile
 from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, StepState
 from healer.safety import BreakerState, Guard
@@ -75,6 +79,7 @@ class Healing:
                                      on_step=self._count_step, on_plan=self._announce, **kwargs)
         self.lock = threading.RLock()
         self._first_seen: dict[str, float] = {}
+        self._known_nodes: set[str] | None = None
 
     @property
     def notifier(self) -> Notifier:
@@ -109,7 +114,14 @@ class Healing:
                 first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
                 if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
                     continue  # the cause may still arrive (kernel logs can lag container logs)
-                plan = choose_plan(inc, self.policy, self.config, self._context(inc, now))
+                # Soft evidence may wait for many rounds: decide that before asking the cluster anything.
+                if (wait := explain(inc, self.policy, now).evidence_wait) is not None:
+                    log.debug("incident %s: no plan yet: %s", inc.id, wait)
+                    continue
+                ctx = self._context(inc, now)
+                if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
+                    continue
+                plan = choose_plan(inc, self.policy, self.config, ctx)
                 self.store.save_plan(plan)
                 self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
                 self._announce(Announcement.PLAN_CREATED, plan)
@@ -120,7 +132,43 @@ class Healing:
                 else:
                     plan = self._run(plan, set_state)
                 touched.append(plan)
-            return touched
+            return touched + self._accept_nodes(now)
+
+    def _accept_nodes(self, now: float) -> list[Plan]:
+        """Start the health check of nodes that are new or back from repair."""
+        nodes = self.ctx.cluster.list_nodes()
+        known, self._known_nodes = self._known_nodes, {n.name for n in nodes}
+        maybe = [n.name for n in nodes if n.taint(UNVALIDATED_TAINT_KEY) or (known is not None and n.name not in known)]
+        # The common round has nothing to check: only those nodes' plans are read from the journal.
+        due = candidates(nodes, known, [p for n in maybe for p in self.store.list_plans(node=n)], self.policy)
+        out = []
+        for c in due:
+            plan = acceptance_plan(c, self.policy, now)
+            self.store.save_plan(plan)
+            out.append(self.executor.execute(plan))
+        return out
+
+    def node_records(self) -> dict[str, dict[str, Any]]:
+        """Per node: the last health check, hardware faults and MTBI within the lemon window, the lemon verdict."""
+        s = self.policy.safety
+        now = self.ctx.clock()
+        by_node: dict[str, list[Plan]] = {}
+        for p in self.store.list_plans():
+            if p.node:
+                by_node.setdefault(p.node, []).append(p)
+        out: dict[str, dict[str, Any]] = {}
+        for node, plans in by_node.items():
+            checks = sorted((p for p in plans if is_acceptance(p)), key=lambda p: p.created_at)
+            faults = hardware_faults(plans, now - s.lemon_window_s)
+            out[node] = {
+                "validation": None if not checks else {
+                    "state": checks[-1].state.value, "plan": checks[-1].id, "at": checks[-1].created_at,
+                    "result": next((x.result for x in checks[-1].steps if x.kind is StepKind.VALIDATE), ""),
+                    "history": [{"plan": p.id, "state": p.state.value, "at": p.created_at} for p in checks[-10:]]},
+                "faults_in_window": len(faults), "mtbi_s": mtbi_s(faults),
+                "lemon": lemon_reason(faults, s, counting_this_one=False) or None,
+            }
+        return out
 
     def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
         done = self.executor.execute(plan)
@@ -144,23 +192,30 @@ class Healing:
                     opted_out = f"node {node} has {MANAGED_LABEL}=false"
             except NotFoundError:
                 pass
+        job = inc.root_cause.job
+        if node and inc.hardware:
+            # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
+            bound = jobs_bound(self.ctx.workloads.list_pods(node=node))
+            job = job if job in bound else (bound[0] if len(bound) == 1 else "")
         namespace = None
-        if inc.root_cause.job:
-            pods = pods_of_job(self.ctx.workloads.list_pods(), inc.root_cause.job)
+        if job:
+            pods = pods_of_job(self.ctx.workloads.list_pods(), job)
             if pods:
                 namespace = pods[0].namespace
-                opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, inc.root_cause.job,
+                opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, job,
                                                          [dict(p.labels) for p in pods[:1]])
         held = None
         in_cooldown = False
-        if node:
-            for p in self.store.list_plans(node=node):
-                if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
-                    held = p.id
-                elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
-                        and any(s.kind is StepKind.CORDON for s in p.steps):
-                    in_cooldown = True
-        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown)
+        history = self.store.list_plans(node=node) if node else []
+        for p in history:
+            if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
+                held = p.id
+            elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
+                    and any(s.kind is StepKind.CORDON for s in p.steps):
+                in_cooldown = True
+        attempts, lemon = node_history(history, self.policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
+        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
+                           lemon=lemon)
 
     @staticmethod
     def _opted_out(workloads: Workloads, namespace: str, job: str, pod_labels: list[dict[str, str]]) -> str:
@@ -256,10 +311,14 @@ class Healing:
             c = self.ctx.cluster
             c.patch_node_metadata(node, labels={QUARANTINED_LABEL: None}, annotations={
                 QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None})
+            # Back from repair: it takes work only once the health check passes (the acceptance loop runs it).
+            c.add_taint(node, Taint(UNVALIDATED_TAINT_KEY, "repaired", "NoSchedule"))
             c.remove_taint(node, FAULT_TAINT_KEY)
             c.set_condition(node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
             c.uncordon(node)
             c.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
+            check = acceptance_plan(Candidate(node, "repaired"), self.policy, self.ctx.clock())
+            self.store.save_plan(check)  # the healer loop runs it (and resumes it after a crash)
             return cancelled
 
     def breaker(self) -> BreakerState:

@@ -17,6 +17,12 @@ class Metrics:
                                   "Signals ignored because their id was already stored", registry=r)
         self.rejected = Counter("kmend_ingest_rejected_batches_total", "Batches rejected whole as malformed",
                                 registry=r)
+        self.detector_errors = Counter("kmend_analyzer_detector_errors_total",
+                                       "Detector evaluations (or one job's data in them) that failed; the others ran",
+                                       ["detector"], registry=r)
+        self.rejected_records = Counter("kmend_ingest_rejected_records_total",
+                                        "Records left out of an accepted batch (values no store can hold), by route",
+                                        ["route"], registry=r)
         self.batch_seconds = Histogram("kmend_ingest_batch_duration_seconds",
                                        "Time to store and analyze one batch", registry=r)
         self.findings = Counter("kmend_analyzer_findings_total", "Findings produced, by fault class",

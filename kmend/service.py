@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.correlate import Correlator
+from analyzer.detectors.flight_recorder import load_dump
 from analyzer.detectors.hang import HangConfig
+from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.metric_eval import SignalEvaluator
@@ -20,16 +22,17 @@ from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding, Incident, IncidentState
 from analyzer.rules import Rule
+from collector.podmeta import JOB_LABELS
 from collector.signal import Signal
 from healer.cluster import Cluster
 from healer.gang.scheduler import GangScheduler
-from healer.keys import FAULT_TAINT_KEY, SPARE_LABEL
+from healer.keys import FAULT_TAINT_KEY, SPARE_LABEL, UNVALIDATED_TAINT_KEY
 from healer.lease import AlwaysLeader
 from healer.notify import Notifier
 from healer.policy import PolicyConfig
 from healer.policy_file import PolicyFile, load_policy
 from healer.records import Plan, PlanState
-from healer.steps.base import StepContext
+from healer.steps.base import RepairRequest, StepContext
 from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
@@ -97,6 +100,8 @@ class Kmend:
         self.analyzer = Analyzer(self.rules, correlator=Correlator(window_s=correlation_window_s),
                                  detectors=self.detectors, signals=self.signals)
         self._watermark = (0.0, 0.0)
+        self._evidence_asked: set[str] = set()
+        self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
@@ -178,30 +183,89 @@ class Kmend:
         return min(wall, seen + (wall - at))
 
     def evaluate(self, now: float | None = None) -> IngestOutcome:
-        """Run the detectors once and store their findings (the healer loop calls this periodically)."""
+        """Run the detectors once and store their findings (the healer loop calls this periodically).
+
+        Settled Flight Recorder dumps are judged between two short holds of the lock, so
+        analysing a large dump never holds up ingest.
+        """
         with self._lock:
             t = self.detector_now() if now is None else now
+            settled = self.detectors.take_settled_dumps(t)
+        judged = self.detectors.judge_dumps(settled) if settled else []
+        with self._lock:
             try:
-                outcome = self.store.record(lambda: self._evaluate(t))
+                outcome = self.store.record(lambda: self._evaluate(t, judged))
             except Exception:
                 self.rebuild()
                 raise
+            self._request_evidence(t)
+            failures = self.detectors.take_failures()
+        for fail in failures:
+            log.error("detector %s failed%s: %s (the other detectors went on)", fail.detector,
+                      f" on job {fail.job}" if fail.job else "", fail.error)
+            self.metrics.detector_errors.labels(fail.detector).inc()
         self._count(outcome)
         return outcome
 
+    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str) -> None:
+        """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
+        with self._lock:
+            t = self.detector_now()
+            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text,
+                                                      source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
+        self._wake.set()
+
+    def _request_evidence(self, now: float) -> None:
+        # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's
+        # Python stack (and a Flight Recorder dump through the debug pipe) while it is still stuck,
+        # before the hang is called and before any plan restarts it. One request per node and stall.
+        current: set[str] = set()
+        suspects = self.detectors.suspects(now)
+        for job, nodes, since in suspects:
+            if self._pods_finished(job):
+                self.detectors.end_job(job, now)
+                continue
+            for node in nodes:
+                rid = f"stack-dump:{job}:{since:.3f}:{node}"
+                current.add(rid)
+                if rid not in self._evidence_asked:
+                    self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+        # Only stalls still under way are remembered (the ledger keeps the requests themselves).
+        self._evidence_asked = current
+        jobs = {job for job, _, _ in suspects}
+        self._pods_checked = {j: t for j, t in self._pods_checked.items() if j in jobs}
+
+    def _pods_finished(self, job: str) -> bool:
+        """Whether the API shows every pod of the job Succeeded, Failed or being deleted (asked at most every 5 s)."""
+        wall = self.clock()
+        if self._pods_checked.get(job, 0.0) > wall:
+            return False
+        self._pods_checked[job] = wall + 5.0
+        for key, _ in JOB_LABELS:
+            try:
+                pods = self.workloads.list_pods(selector={key: job})
+            except Exception:
+                log.debug("pods of %s unavailable; the job's logs decide", job, exc_info=True)
+                return False
+            if pods:
+                return all(p.phase in ("Succeeded", "Failed") or p.terminating for p in pods)
+        return False
+
     def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
         """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""
+        dump = load_dump(data)  # parsed and checked before the lock: a large dump never blocks ingest
         with self._lock:
-            self.detectors.add_flight_recorder_dump(job, rank, node, data, self.detector_now(),
-                                                    source=source or f"{node}/flight-recorder/{job}/{rank}")
+            self.detectors.add_checked_dump(job, rank, node, dump, self.detector_now(),
+                                            source=source or f"{node}/flight-recorder/{job}/{rank}")
         self._wake.set()
 
     def _analyze(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         found, changed = self.analyzer.process(signals)
         return found, changed, self.analyzer.correlator.take_merges()
 
-    def _evaluate(self, now: float) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
-        found, changed = self.analyzer.evaluate(now)
+    def _evaluate(self, now: float, judged: Sequence[Finding] = ()
+                  ) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
+        found, changed = self.analyzer.evaluate(now, judged)
         return found, changed, self.analyzer.correlator.take_merges()
 
     def incidents(self) -> list[Incident]:
@@ -266,17 +330,21 @@ class Kmend:
                 by_node.setdefault(inc.root_cause.node, []).append(inc)
         out: dict[str, dict[str, Any]] = {}
         quarantined = 0
+        records = self.healing.node_records()
         for n in self.cluster.list_nodes():
             fault = next((t.value for t in n.taints if t.key == FAULT_TAINT_KEY), None)
             incs = by_node.get(n.name, [])
             spare = n.labels.get(SPARE_LABEL) == "true"
             state = "quarantined" if fault else ("suspect" if incs else ("spare" if spare else "healthy"))
+            if not fault and n.taint(UNVALIDATED_TAINT_KEY) is not None:
+                state = "unvalidated"
             quarantined += fault is not None
             out[n.name] = {
                 "state": state, "cordoned": n.unschedulable, "fault": fault,
                 "taints": [f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}" for t in n.taints],
                 "incidents": [i.id for i in incs],
                 "conditions": {c.type: c.status for c in n.conditions},
+                **records.get(n.name, {"validation": None, "faults_in_window": 0, "mtbi_s": None, "lemon": None}),
             }
         self.metrics.nodes_quarantined.set(quarantined)
         return out

@@ -38,20 +38,27 @@ class Settings(BaseSettings):
     healer_interval_s: float = 0.5
     progress_rules_dirs: list[Path] = Field(default_factory=lambda: [default_progress_rules_dir()])
     detector_interval_s: float = Field(1.0, description="how often hang/straggler/Flight Recorder detectors run")
-    hang_k: float = Field(4.0, description="hang when no progress for k x the job's median report interval ...")
-    hang_floor_s: float = Field(20.0, description="... and at least this many seconds")
+    hang_k: float = Field(2.4, description="hang when no progress for k x the job's median report interval "
+                                           "(plus its spread; never past max(3 x median, 15 s) - 2 s) ...")
+    hang_floor_s: float = Field(10.0, description="... and at least this many seconds")
     straggler_min_slowdown: float = Field(1.05, description="slowdown factor a straggler must reach")
     straggler_persistence: int = Field(3, description="consecutive steps a straggler must stay slow")
     flight_recorder_settle_s: float = Field(10.0, description="judge a job's dumps once none arrived for this long")
     notify_webhook_url: str | None = None
     alertmanager_url: str | None = Field(None, description="Alertmanager base URL: notifications POST /api/v2/alerts")
     max_batch_bytes: int = 32 * 1024 * 1024
+    max_clock_skew_s: float = Field(300.0, description=(
+        "a signal stamped further ahead of the server's clock takes the server's time (the sent time is kept)"))
+    max_records: int = Field(50_000, description="records one Fluent Bit request may carry (larger: 422)")
     policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
     operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")
+    reader_token: SecretStr | None = Field(None, description="bearer token for GET routes and /metrics (read-only)")
+    token_review: bool = Field(False, description="also accept Kubernetes tokens, checked with TokenReview")
+    token_review_audiences: list[str] = Field(default_factory=list, description="audiences TokenReview checks")
+    token_review_ingest: list[str] = Field(default_factory=list, description="users/groups that may ingest")
+    token_review_readers: list[str] = Field(default_factory=list, description="users/groups that may read")
+    token_review_operators: list[str] = Field(default_factory=list, description="users/groups that may operate")
     health_check_template: Path | None = Field(None, description="validation Job template (deploy/healthcheck/)")
-    checkpoint_roots: list[str] | None = Field(
-        None, description="local paths the control plane mounts and may search for checkpoints (JSON list); "
-                          "other paths are searched by the node agent, s3:// gs:// az:// through fsspec")
     namespace: str = Field("kmend-system", description="namespace of kmend's own objects (health checks, Lease)")
     lease_name: str = "kmend-healer"
     scheduler: bool | None = Field(None, description="run the gang scheduler (default: on a real cluster only)")
@@ -62,6 +69,10 @@ class Settings(BaseSettings):
     sim_spares: int = Field(2, description="nodes of the simulated cluster that form the spare pool")
     sim_job_nodes: int = Field(0, description="nodes a simulated PyTorchJob runs on (0: none)")
     sim_checkpoint_path: str = ""
+    checkpoint_roots: list[Path] = Field(default_factory=list, description=(
+        "directories the control plane mounts and may search for checkpoints (a job's kmend.io/checkpoint-path "
+        "under one of them); other local paths are searched by the node agent inside the job's pod, "
+        "s3:// gs:// az:// prefixes through fsspec"))
     sim_state_file: Path | None = Field(None, description="keep the simulated cluster in this file across restarts")
     sim_crash_after: int | None = Field(None, description="fault injection: SIGKILL after the N-th applied change")
     sim_crash_before: int | None = Field(None, description="fault injection: SIGKILL before the N-th change lands")
@@ -71,4 +82,8 @@ class Settings(BaseSettings):
         if self.operator_token is not None and self.ingest_token is not None \
                 and self.operator_token.get_secret_value() == self.ingest_token.get_secret_value():
             raise ValueError("operator_token must differ from ingest_token: collectors must not run runbooks")
+        if self.reader_token is not None and any(
+                t is not None and t.get_secret_value() == self.reader_token.get_secret_value()
+                for t in (self.ingest_token, self.operator_token)):
+            raise ValueError("reader_token must differ from ingest_token and operator_token")
         return self

@@ -19,6 +19,7 @@ from healer.gang.config import SchedulerConfig
 from healer.gang.metrics import SchedulerMetrics
 from healer.gang.port import PodScheduling
 from healer.gang.scheduler import GangScheduler
+from healer.identity import TokenReviewer
 from healer.lease import AlwaysLeader, LeaderElector, Leases
 from healer.notify import AlertmanagerNotifier, FanOut, LogNotifier, Notifier, WebhookNotifier
 from healer.policy import PolicyConfig
@@ -64,9 +65,9 @@ def make_ports(settings: Settings) -> Ports:
         choice = "kube" if (in_cluster or has_kubeconfig) else "sim"
         settings = settings.model_copy(update={"in_cluster": in_cluster})
     if choice == "kube":
-        from healer.kube import KubeCluster  # only here: the sim default needs no client
-        from healer.kube_lease import KubeLeases
-        from healer.kube_workloads import KubeWorkloads
+        from healer.kube.cluster import KubeCluster  # only here: the sim default needs no client
+        from healer.kube.lease import KubeLeases
+        from healer.kube.workloads import KubeWorkloads
 
         log.info("acting on a real cluster")
         cluster = KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
@@ -114,8 +115,8 @@ def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics
     if not enabled:
         return None
     if port is None:
-        from healer.kube import KubeCluster
-        from healer.kube_pods import KubePodScheduling
+        from healer.kube.cluster import KubeCluster
+        from healer.kube.pods import KubePodScheduling
 
         if not isinstance(cluster, KubeCluster):
             raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")
@@ -162,12 +163,40 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
                                   persistence=settings.straggler_persistence),
         flight_recorder_settle_s=settings.flight_recorder_settle_s,
-        # On a real cluster the control plane mounts no job volume unless told so; the simulated one is local.
-        checkpoint_roots=settings.checkpoint_roots if settings.checkpoint_roots is not None
-        else (None if isinstance(cluster, SimCluster) else []),
+        # The simulated job's own checkpoint path is configured by the operator too: it is allowed.
+        checkpoint_roots=[str(p) for p in settings.checkpoint_roots]
+        + ([settings.sim_checkpoint_path] if settings.sim_checkpoint_path else []),
         signal_rules=load_signal_rules(settings.metric_rules_dirs),
     )
     elector = kmend.healing.leader
     if isinstance(elector, LeaderElector):
         elector.on_change = lambda lease: store.ledger.lease_seen(lease, settings.lease_name)
     return kmend
+
+
+def make_token_reviewer(settings: Settings) -> TokenReviewer | None:
+    """The TokenReview client when ``token_review`` is on (the Kubernetes adapter), else None."""
+    if not settings.token_review:
+        return None
+    from healer.kube.tokenreview import KubeTokenReviewer  # only here: the default needs no client
+
+    in_cluster = settings.in_cluster or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    return KubeTokenReviewer.from_config(settings.kubeconfig, in_cluster=in_cluster,
+                                         audiences=settings.token_review_audiences)
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def listen_host(settings: Settings) -> str:
+    """Where ``kmend serve`` listens: the configured host, or loopback only while the API is open."""
+    from kmend.api.deps import auth_open  # the web stack, only for `kmend serve`
+
+    if not auth_open(settings):
+        return settings.host
+    log.warning(
+        "NO API TOKENS CONFIGURED: anyone who reaches the port can read incidents, quarantine nodes and reset "
+        "the breaker. Listening on 127.0.0.1 only%s. Set KMEND_INGEST_TOKEN, KMEND_READER_TOKEN and "
+        "KMEND_OPERATOR_TOKEN (or KMEND_TOKEN_REVIEW=true) to serve other hosts.",
+        "" if settings.host in LOOPBACK else f" (not {settings.host})")
+    return settings.host if settings.host in LOOPBACK else "127.0.0.1"

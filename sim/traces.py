@@ -55,6 +55,8 @@ class TraceJob:
     """Fixed per-rank speed differences (relative standard deviation): no two GPUs are identical."""
     hiccup_p: float = 0.0005
     """Chance per rank and step of a data-loader hiccup: one step 1.5-3x longer."""
+    hiccup_s: tuple[float, float] | None = None
+    """With it, a hiccup adds this many seconds (uniform) instead: an I/O stall does not scale with the step."""
     report_delay_s: float = 0.05
     """Up to this much delay between a step ending and its report being shipped."""
     gpu_metrics: bool = False
@@ -115,7 +117,7 @@ class TraceJob:
     def _compute(self, rank: int, straggle: Straggle | None) -> float:
         c = self.step_s * self._speed[rank] * max(1.0 + self._rng.gauss(0.0, self.jitter), 0.5)
         if self._rng.random() < self.hiccup_p:
-            c *= self._rng.uniform(1.5, 3.0)
+            c = c + self._rng.uniform(*self.hiccup_s) if self.hiccup_s else c * self._rng.uniform(1.5, 3.0)
         if straggle is not None and rank == straggle.rank and self.step + 1 >= straggle.from_step:
             c *= straggle.factor
         return c
@@ -169,6 +171,37 @@ class TraceJob:
                          f"before timing out.")
                 for r in range(self.world) if r not in skip]
         return ts + 2.0, sigs
+
+    def gloo_timeouts(self, ts: float, *, skip: frozenset[int] = frozenset()) -> Batch:
+        """Gloo's timeout line on every rank but `skip` (as PyTorch 2.13 prints it from a waiting all-reduce)."""
+        return ts + 1.0, [self.log(r, ts + self._rng.uniform(0, 1),
+                                   "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                                   "unbound_buffer.cc:78] Timed out waiting 1800000ms for recv operation to complete")
+                          for r in range(self.world) if r not in skip]
+
+    def finish(self) -> Batch:
+        """The run ends normally: rank 0 prints the Hugging Face Trainer's final metrics dict."""
+        ts = self.ts + 0.5
+        return ts, [self.log(0, ts, "{'train_runtime': 116.1914, 'train_samples_per_second': 6.885, "
+                                    "'train_steps_per_second': 1.721, 'train_loss': 2.819730052947998, 'epoch': 0.15}")]
+
+    def terminated(self) -> Batch:
+        """The job is deleted: each node's torchrun gets SIGTERM and says so before stopping its workers."""
+        ts = self.ts + 0.5
+        return ts, [self.log(r, ts, "W1130 12:13:49.388000 124326 torch/distributed/elastic/agent/server/api.py:723] "
+                                    "Received 15 death signal, shutting down workers")
+                    for r in range(0, self.world, self.ranks_per_node)]
+
+    def pods_gone(self, after_s: float = 5.0) -> Batch:
+        """Every rank's pod is removed (deleted, or replaced for a restart): the agent reports each container gone."""
+        self.ts += after_s
+        return self.ts, [Signal(self._sid("exit"), self.node_of(r), Source.CONTAINER, self.ts,
+                                ProgressSample(self.name, r, 0, event="exit")) for r in range(self.world)]
+
+    def resume_from(self, step: int, after_s: float) -> None:
+        """New pods load the checkpoint of `step` and go on from there, `after_s` later."""
+        self.ts += after_s
+        self.step = step
 
     def app_error(self, ts: float) -> Batch:
         """Every rank hits the same bug (an allocation the batch size cannot fit)."""

@@ -12,12 +12,15 @@ from analyzer.rules import Rule
 from collector.signal import Signal
 from healer.executor import PlanExecutor
 from healer.gang.reservations import ReservationBook
+from healer.lease import AlwaysLeader
 from healer.notify import LogNotifier
 from healer.policy import PlanContext, PolicyConfig, choose_plan
 from healer.policy_file import PolicyFile, default_policy_path, parse_policy
 from healer.records import Plan
 from healer.safety import Guard
 from healer.steps.base import StepContext
+from kmend.healing import Healing
+from kmend.metrics import Metrics
 from kmend.store import Store
 from kmend.wiring import default_health_check_template
 from sim.world import JobSpec, SimWorld
@@ -73,6 +76,11 @@ class Harness:
         self.sleeps: list[float] = []
         self.guard = Guard(self.store.ledger, self.policy.safety, self.cluster.list_nodes, self.clock)
         self.executor = PlanExecutor(self.ctx, self.store, guard=self.guard, sleep=self.sleeps.append)
+
+    def healing(self) -> Healing:
+        """The service's healing loop over this harness (one replica, no symptom settling)."""
+        return Healing(self.store, self.ctx, self.policy, PolicyConfig(), AlwaysLeader(), Metrics(),
+                       symptom_settle_s=0.0, sleep=self.sleeps.append)
 
     def plan(self, inc: Incident, *, namespace: str | None = "training", **config: bool) -> Plan:
         p = choose_plan(inc, self.policy, PolicyConfig(**config), PlanContext(self.clock(), namespace=namespace))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kmend.cli import build_parser
-from kmend.commands.agent import AgentSettings, build_agent, settings_from
+from kmend.commands.agent import AgentSettings, build_agent, build_request_runner, settings_from
 from kmend.errors import ConfigError
 from tests.agent_helpers import FIXTURES, CriWriter
 
@@ -46,6 +46,9 @@ def test_build_agent_wires_the_sources_it_can_use(tmp_path: Path) -> None:
                              service_url="http://127.0.0.1:9")
     agent = build_agent(settings)
     assert [s.name for s in agent.sources] == ["container", "kernel", "ib"]
+    # Stack dumps, checkpoint searches (and GPU resets where NVML answers) are node requests, in their own thread.
+    runner = build_request_runner(settings)
+    assert runner is not None and {"stack_dump", "find_checkpoint"} <= set(runner.capabilities)
     polled = {s.name: s.poll() for s in agent.sources}
     # The prefilter from the shipped rules keeps the fault lines and drops the rest.
     assert len(polled["container"].signals) == 1

@@ -18,7 +18,7 @@ from collector.shipper import Shipper
 from collector.signal import LogLine, Signal, Source
 from collector.sources.base import Poll
 from collector.sources.cri import CriLogSource
-from collector.spool import DiskSpool
+from collector.spool import DiskSpool, Value
 from tests.agent_helpers import TOKEN, CriWriter, Service
 from tests.conftest import free_port
 
@@ -46,21 +46,21 @@ def _value(metrics: AgentMetrics, name: str, **labels: str) -> float:
     return v or 0.0
 
 
-def test_spool_is_bounded_drops_oldest_counted_and_survives_restart(tmp_path: Path) -> None:
+def test_spool_is_bounded_keeps_what_it_holds_and_survives_restart(tmp_path: Path) -> None:
     spool = DiskSpool(tmp_path / "spool", max_bytes=250)
-    for i in range(5):
-        spool.put(bytes([i]) * 100, count=10)
-    assert len(spool) == 2 and spool.dropped_signals == 30
+    kept = [spool.put(bytes([i]) * 100, count=10) for i in range(5)]
+    # Lines worth as much as those held are refused, never stored by dropping the older ones.
+    assert kept == [True, True, False, False, False] and len(spool) == 2 and spool.dropped_signals == 0
     reopened = DiskSpool(tmp_path / "spool", max_bytes=250)
     first = reopened.peek()
-    assert first is not None and reopened.read(first) == bytes([3]) * 100 and reopened.signals == 20
+    assert first is not None and reopened.read(first) == bytes([0]) * 100 and reopened.signals == 20
     reopened.pop(first)
     reopened.put(b"x", 1)
     order = []
     while (b := reopened.peek()) is not None:
         order.append(reopened.read(b)[:1])
         reopened.pop(b)
-    assert order == [bytes([4]), b"x"]
+    assert order == [bytes([1]), b"x"]
 
 
 def test_shipper_posts_gzip_with_token_to_real_service(tmp_path: Path, service: Service) -> None:
@@ -139,7 +139,7 @@ def test_one_failing_source_never_stops_the_others(tmp_path: Path, service: Serv
 
 
 class _FailingSpool(DiskSpool):
-    def put(self, body: bytes, count: int) -> None:
+    def put(self, body: bytes, count: int, value: Value = Value.SYMPTOM) -> bool:
         raise OSError(28, "No space left on device")
 
 

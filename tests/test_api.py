@@ -76,9 +76,9 @@ def test_xid79_and_timeouts_become_one_incident_and_the_node_is_quarantined(serv
     full = served.client.get(f"/v1/incidents/{summary['id']}").json()
     assert len(full["findings"]) == 33
     [plan] = full["plans"]
-    assert [(s["kind"], s["state"]) for s in plan["steps"][:5]] == [
-        ("cordon", "succeeded"), ("taint", "succeeded"), ("label", "succeeded"), ("condition", "succeeded"),
-        ("event", "succeeded")]
+    assert [(s["kind"], s["state"]) for s in plan["steps"][:6]] == [
+        ("evidence", "succeeded"), ("cordon", "succeeded"), ("taint", "succeeded"), ("label", "succeeded"),
+        ("condition", "succeeded"), ("event", "succeeded")]
 
     nodes = served.client.get("/v1/nodes").json()["nodes"]
     node = nodes["gpu-node-02"]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -16,8 +19,26 @@ def test_rule_benchmark_prints_one_json_object_per_result() -> None:
         capture_output=True, text=True, cwd=REPO, timeout=120, check=True,
     )
     results = [json.loads(line) for line in proc.stdout.splitlines()]
+    raw = [r for r in results if r["engine"].startswith("raw hyperscan")]
+    assert all(r["findings"] >= r["fault_lines"] for r in raw)  # hits before confirmation: never fewer
+    results = [r for r in results if r not in raw]
     assert [r["input"] for r in results] == ["file bytes", "list of str lines", "list of str lines"]
     fast, lines, naive = results
     assert fast["findings"] == lines["findings"] == fast["fault_lines"] > 0
     assert naive["measured_on_subset"] is True
     assert all(r["mb_per_s_per_core"] > 0 and r["lines_per_s_per_core"] > 0 for r in results)
+
+
+@pytest.mark.slow
+def test_fuzz_campaign_finds_no_server_error_and_no_schema_violation(database_url: str) -> None:
+    if not (Path(sys.executable).parent / "st").exists():
+        pytest.skip("schemathesis is not installed")
+    examples = os.environ.get("KMEND_FUZZ_EXAMPLES", "5")
+    proc = subprocess.run([sys.executable, "bench/fuzz.py", "--max-examples", examples, "--database-url", database_url],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, result
+    assert result["operations_tested"] == result["operations"] >= 20
+    assert result["failures"] == result["errors"] == 0
+    print(json.dumps({k: result[k] for k in ("operations", "max_examples", "seconds")}
+                     | {"cases": [r["summary"] for r in (result["ingest_token_run"], result["operator_token_run"])]}))

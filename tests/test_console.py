@@ -28,14 +28,15 @@ def _approval_waiting(s: Served) -> dict[str, Any]:
 
 
 def test_console_needs_a_token_and_a_form_token_to_act(tmp_path: Path) -> None:
-    with _serve(tmp_path, require_approval=True) as s:
+    with _serve(tmp_path, require_approval=True, reader_token="read-token") as s:
         plan = _approval_waiting(s)
         c = httpx.Client(base_url=str(s.client.base_url), follow_redirects=True)
         assert c.get("/console/incidents").url.path == "/console/login"
         assert c.post("/console/login", data={"token": "wrong"}).status_code == 401
-        # The collectors' token may look but not act.
+        # The collectors' token opens nothing; the read-only token may look but not act.
+        assert c.post("/console/login", data={"token": "agent-token"}).status_code == 401
         viewer = httpx.Client(base_url=str(s.client.base_url), follow_redirects=True)
-        page = viewer.post("/console/login", data={"token": "agent-token", "name": "eve"})
+        page = viewer.post("/console/login", data={"token": "read-token", "name": "eve"})
         assert page.status_code == 200 and "gpu-node-03" in page.text and "gpu_lost" in page.text
         assert "Approve" not in viewer.get(f"/console/plans/{plan['id']}").text
         assert viewer.post(f"/console/plans/{plan['id']}/approve", data={"csrf": "x"}).status_code == 403

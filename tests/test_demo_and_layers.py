@@ -28,7 +28,7 @@ def test_demo_detects_and_heals_the_injected_xid79() -> None:
     assert inc["findings_by_rule"] == {"xid-79": 1, "nccl-watchdog-timeout": 64, "hang-detector": 1}
     # The whole replace-node runbook ran, each step once, in order.
     steps = [(a["kind"], a["result"]) for a in summary["actions"]]
-    assert steps == [(k, "succeeded") for k in ("cordon", "taint", "label", "condition", "event", "drain",
+    assert steps == [(k, "succeeded") for k in ("evidence", "cordon", "taint", "label", "condition", "event", "drain",
                                                 "spare_swap", "checkpoint", "restart_job", "repair", "validate",
                                                 "return")]
     assert {a["node"] for a in summary["actions"]} == {"gpu-node-05"}

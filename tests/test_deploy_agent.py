@@ -120,3 +120,14 @@ def test_fluent_bit_configmap_is_the_rendered_config(tmp_path: Path) -> None:
     assert pod["containers"][0]["args"] == ["-c", f"{mount['mountPath']}/fluent-bit.yaml"]
     env = {e["name"] for e in pod["containers"][0]["env"]}
     assert {"NODE_NAME", "KMEND_TOKEN"} <= env
+
+
+def test_agent_can_capture_stacks_of_training_processes() -> None:
+    # py-spy needs the training pods' processes (host PID namespace) and ptrace on them.
+    pod = _pod("kmend-agent")
+    assert pod["hostPID"] is True
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc.get("privileged") is True or "SYS_PTRACE" in sc["capabilities"]["add"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert AgentSettings(node="n", stacks=env["KMEND_AGENT_STACKS"]).stacks is True

@@ -94,7 +94,7 @@ def test_a_short_hiccup_start_up_and_a_finished_run_are_not_hangs() -> None:
     batches = job.run(2)  # too little history to judge
     job.ts += 120
     batches += job.run(20)
-    job.ts += 15  # under the 20 s floor
+    job.ts += 9  # well under the 15 s detection target for 1 s steps
     batches += job.run(5)
     assert drive(DetectorSuite(), batches, until=job.ts + 10) == []
 

@@ -11,16 +11,17 @@ from healer.records import Mode, PlanState, StepKind, StepState
 from tests.builders import XID13, XID79, container, kernel
 from tests.healing import Harness, crashed_at, incident, steps
 
-NODE_STEPS = ["cordon", "taint", "label", "condition", "event", "drain", "spare_swap", "checkpoint", "restart_job",
+NODE_STEPS = ["evidence", "cordon", "taint",
+              "label", "condition", "event", "drain", "spare_swap", "checkpoint", "restart_job",
               "repair", "validate", "return"]
 
 
 def test_gpu_lost_gets_the_replace_node_runbook(shipped_rules: list[Rule], tmp_path: Path) -> None:
     h = Harness(tmp_path)
     plan = h.plan(incident(shipped_rules, [kernel("gpu-node-03", XID79)]))
-    assert plan.mode is Mode.AUTO and plan.policy == "gpu-lost/replace-node"
+    assert plan.mode is Mode.AUTO and plan.policy == "gpu-replace/replace-node"
     assert [s.kind.value for s in plan.steps] == NODE_STEPS
-    taint = plan.steps[1].params
+    taint = plan.steps[2].params
     assert (taint["key"], taint["value"], taint["effect"]) == ("kmend.io/fault", "gpu_lost", "NoSchedule")
 
 
@@ -49,7 +50,7 @@ def test_replace_node_runbook_heals_the_job_onto_a_spare(shipped_rules: list[Rul
     h = Harness(tmp_path, nodes=16, spares=2, job_nodes=4, checkpoint_path=str(ck))
     bad = "gpu-node-02"
     plan = h.run(h.plan(incident(shipped_rules, [container(bad, "iteration 1", job="llama"), kernel(bad, XID79)])))
-    assert plan.state is PlanState.RUNNING and plan.steps[9].state is StepState.WAITING  # repair: the platform
+    assert plan.state is PlanState.RUNNING and plan.steps[10].state is StepState.WAITING  # repair: the platform
     node = h.cluster.get_node(bad)
     assert node.unschedulable and node.taint(FAULT_TAINT_KEY) is not None
     assert node.labels[QUARANTINED_LABEL] == "true" and node.annotations[QUARANTINED_BY] == "kmend"
@@ -59,7 +60,7 @@ def test_replace_node_runbook_heals_the_job_onto_a_spare(shipped_rules: list[Rul
     assert len(pods) == 4 and all(p.node and p.node != bad for p in pods)
     assert spare in {p.node for p in pods}
     assert h.workloads.get_object(_owner())["metadata"]["annotations"][RESUME_FROM] == str(ck / "checkpoint-50")
-    assert "checkpoint-100" in plan.steps[7].result and "pytorch_model.bin is empty" in plan.steps[7].result
+    assert "checkpoint-100" in plan.steps[8].result and "pytorch_model.bin is empty" in plan.steps[8].result
     h.answer_repairs()
     plan = h.run(plan)
     assert plan.state is PlanState.SUCCEEDED, steps(plan)
@@ -89,8 +90,8 @@ def test_temporary_errors_are_retried_and_permanent_ones_fail_the_plan(shipped_r
     done = h.executor.execute(plan)
     assert len(h.sleeps) == 2
     assert done.state is PlanState.FAILED
-    assert done.steps[0].state is StepState.SUCCEEDED and done.steps[1].state is StepState.FAILED
-    assert "403" in done.steps[1].result and done.steps[2].state is StepState.PENDING
+    assert done.steps[1].state is StepState.SUCCEEDED and done.steps[2].state is StepState.FAILED
+    assert "403" in done.steps[2].result and done.steps[3].state is StepState.PENDING
     assert h.cluster.get_node("gpu-node-02").unschedulable
 
 
@@ -99,7 +100,7 @@ def test_dry_run_changes_nothing(shipped_rules: list[Rule], tmp_path: Path) -> N
     plan = h.plan(incident(shipped_rules, [kernel("gpu-node-02", XID79)]), dry_run=True)
     done = h.executor.execute(plan)
     assert done.state is PlanState.DRY_RUN and all(s.state is StepState.SKIPPED for s in done.steps)
-    assert done.steps[0].result == "dry-run: would cordon gpu-node-02"
+    assert done.steps[1].result == "dry-run: would cordon gpu-node-02"
     assert h.cluster.calls == [] and h.cluster.events == [] and h.world.applied() == []
 
 
@@ -109,14 +110,14 @@ def test_resumed_plan_runs_only_unfinished_steps_and_applies_each_once(shipped_r
     plan = h.plan(incident(shipped_rules, [kernel("gpu-node-01", XID79)]))
     h.cluster.cordon("gpu-node-01")  # applied before the crash; the journal says the taint step was running
     h.cluster.calls.clear()
-    done = h.executor.execute(crashed_at(plan, 1))
+    done = h.executor.execute(crashed_at(plan, 2))
     assert [op for op, _ in h.cluster.calls][:4] == ["add_taint", "patch_node_metadata", "set_condition",
                                                      "emit_event"]
     assert [t.value for t in h.cluster.get_node("gpu-node-01").taints if t.key == FAULT_TAINT_KEY] == ["gpu_lost"]
     # The event step crashed after recording: it is keyed by its step id and not recorded twice.
-    again = h.executor.execute(crashed_at(done, 4))
+    again = h.executor.execute(crashed_at(done, 5))
     assert len([e for e in h.cluster.events if e.reason == "KmendQuarantine"]) == 1
-    assert again.steps[4].state is StepState.SUCCEEDED
+    assert again.steps[5].state is StepState.SUCCEEDED
 
 
 def test_restart_holds_the_gangs_healthy_nodes_for_the_scheduler(shipped_rules: list[Rule], tmp_path: Path) -> None:

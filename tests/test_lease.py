@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from analyzer.rules import Rule
-from healer.kube_lease import KubeLeases
+from healer.kube.lease import KubeLeases
 from healer.lease import LeaderElector, LeaseRecord, Leases
 from healer.records import PlanState, StepState
 from sim.lease import SimLeases
@@ -118,4 +118,4 @@ def test_executor_does_nothing_without_the_lease(shipped_rules: list[Rule], tmp_
     assert h.world.applied() == []
     leading[0] = True
     plan = h.executor.execute(plan)
-    assert plan.steps[0].state is StepState.SUCCEEDED and h.cluster.get_node("gpu-node-03").unschedulable
+    assert plan.steps[1].state is StepState.SUCCEEDED and h.cluster.get_node("gpu-node-03").unschedulable

@@ -11,7 +11,7 @@ import yaml
 from analyzer.records import Action, FaultClass, Severity
 from analyzer.rules import Rule
 from healer.policy import PlanContext, PolicyConfig, choose_plan
-from healer.policy_file import PolicyError, default_policy_path, load_policy, parse_policy
+from healer.policy_file import Facts, PolicyError, default_policy_path, load_policy, parse_policy
 from healer.records import Mode, PlanState, StepKind
 from tests.builders import XID79, kernel
 from tests.healing import Harness, incident
@@ -19,16 +19,17 @@ from tests.healing import Harness, incident
 
 def test_shipped_default_loads_and_routes_faults() -> None:
     p = load_policy()
-    assert p.choose(FaultClass.GPU_LOST, Severity.CRITICAL, True, Action.REPLACE_NODE, {}, "j").plan == "replace-node"
-    assert p.choose(FaultClass.APP_ERROR, Severity.ERROR, False, Action.FIX_APPLICATION, {}, "j").plan == "notify"
-    rule = p.choose(FaultClass.NETWORK, Severity.ERROR, True, Action.NOTIFY, {}, None)
-    assert rule.plan == "quarantine-only" and rule.mode is Mode.APPROVAL
+    lost = Facts(FaultClass.GPU_LOST, Severity.CRITICAL, True, Action.REPLACE_NODE, {}, "j", "xid-79")
+    assert p.choose(lost).plan == "replace-node"
+    assert p.choose(Facts(FaultClass.APP_ERROR, Severity.ERROR, False, Action.FIX_APPLICATION)).plan == "notify"
+    rule = p.choose(Facts(FaultClass.NETWORK, Severity.ERROR, True, Action.REPLACE_NODE, {}, None, "ibv-call-failed"))
+    assert rule.plan == "replace-node" and rule.mode is Mode.APPROVAL
     assert p.safety.breaker_max_fraction == 0.10
 
 
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda d: d["rules"][1]["match"].update(fault_class=["gpu_melted"]), "rules.1.match.fault_class.0"),
-    (lambda d: d["rules"][0].update(plan="nope"), "rules.0.plan: rule 'application-fault' names plan 'nope'"),
+    (lambda d: d["rules"][0].update(plan="nope"), "rules.0.plan: rule 'gpu-replace' names plan 'nope'"),
     (lambda d: d["plans"]["notify"].update(steps=["drain"]), "plans.notify.steps"),
     (lambda d: d["safety"].update(breaker_max_fraction=2), "safety.breaker_max_fraction"),
     (lambda d: d["rules"][0].update(mode="yolo"), "rules.0.mode"),
@@ -62,7 +63,7 @@ def test_opt_out_held_node_and_cooldown_narrow_the_plan(shipped_rules: list[Rule
     held = choose_plan(inc, p, PolicyConfig(), PlanContext(0.0, node_held_by="plan-x"))
     assert [s.kind for s in held.steps] == [StepKind.NOTIFY]
     cool = choose_plan(inc, p, PolicyConfig(), PlanContext(0.0, in_cooldown=True))
-    assert cool.mode is Mode.APPROVAL and cool.steps[0].kind is StepKind.CORDON
+    assert cool.mode is Mode.APPROVAL and cool.steps[1].kind is StepKind.CORDON
     assert choose_plan(inc, p, PolicyConfig(dry_run=True), PlanContext(0.0)).mode is Mode.DRY_RUN
 
 

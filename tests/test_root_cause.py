@@ -58,7 +58,9 @@ def test_silent_hang_then_timeouts_on_every_rank_is_one_incident_naming_the_rank
     inc = the_incident(an)
     assert inc.fault_class is FaultClass.HANG and not inc.hardware
     assert (inc.root_cause.rank, inc.root_cause.node, inc.root_cause.job) == (13, "llm-n001", "llm")
-    assert inc.root_finding.rule_id == "hang-detector" and len(inc.findings) == 1 + 31
+    # The hang detector named it first; the 31 ranks that reported the timeout (and the one that did not) agree.
+    rules = [f.rule_id for f in inc.findings]
+    assert rules.count("hang-detector") == 1 and rules.count("timeout-witnesses") == 1 and len(rules) == 2 + 31
     assert inc.recommended_action is Action.RESTART_JOB
 
 

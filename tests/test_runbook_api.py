@@ -71,19 +71,20 @@ def test_plan_waits_for_approval_and_runs_when_approved(tmp_path: Path) -> None:
         [plan] = s.wait(lambda: s.plans(state="awaiting_approval"))
         assert not s.world.cluster.get_node("gpu-node-03").unschedulable
         assert s.client.post(f"/v1/plans/{plan['id']}/approve").status_code == 401
-        assert s.client.post(f"/v1/plans/{plan['id']}/approve", headers=AGENT).status_code == 401
+        assert s.client.post(f"/v1/plans/{plan['id']}/approve", headers=AGENT).status_code == 403  # wrong kind
         preview = s.client.post(f"/v1/plans/{plan['id']}/execute", params={"dry_run": "true"}, headers=OP).json()
-        assert preview["dry_run"] and preview["would"][0]["would"] == "cordon gpu-node-03"
+        assert preview["dry_run"] and preview["would"][1]["would"] == "cordon gpu-node-03"
         assert not s.world.cluster.get_node("gpu-node-03").unschedulable and s.world.applied() == []
         r = s.client.post(f"/v1/plans/{plan['id']}/approve", headers=OP)
         assert r.status_code == 200 and r.json()["state"] == "running"
         assert s.world.cluster.get_node("gpu-node-03").unschedulable
-        assert "approved by alice" in r.json()["reason"]
+        assert "approved by operator-token (alice)" in r.json()["reason"]
         assert s.client.post(f"/v1/plans/{plan['id']}/approve", headers=OP).status_code == 409
         assert any(n["event"] == "plan_needs_approval" for n in s.notifier.sent)
         audit = s.client.get("/v1/audit", headers=OP).json()["entries"]
         assert {(a["actor"], a["method"], a["status"]) for a in audit} >= {
-            ("alice", "POST", 200), ("operator", "POST", 401), ("alice", "POST", 409)}
+            ("operator-token (alice)", "POST", 200), ("unauthenticated", "POST", 401),
+            ("operator-token (alice)", "POST", 409)}
 
 
 def test_rejected_plan_changes_nothing(tmp_path: Path) -> None:
@@ -103,7 +104,7 @@ def test_operator_quarantine_and_release(tmp_path: Path) -> None:
         r = s.client.post("/v1/nodes/gpu-node-06/quarantine", json={"reason": "flapping NIC"}, headers=OP)
         assert r.status_code == 200 and r.json()["state"] == "succeeded"
         node = s.world.cluster.get_node("gpu-node-06")
-        assert node.unschedulable and node.annotations["kmend.io/quarantined-by"] == "alice"
+        assert node.unschedulable and node.annotations["kmend.io/quarantined-by"] == "operator-token (alice)"
         assert "flapping NIC" in node.annotations["kmend.io/quarantine-reason"]
         assert s.client.post("/v1/nodes/nope/quarantine", headers=OP).status_code == 404
         r = s.client.post("/v1/nodes/gpu-node-06/release", headers=OP)
@@ -120,7 +121,7 @@ def test_spares_are_listed_with_health_and_topology(tmp_path: Path) -> None:
         assert [x["name"] for x in body["spares"]] == ["gpu-node-14", "gpu-node-15"]
         assert body["spares"][0]["topology"] == {"topology.kmend.io/leaf": "leaf-1",
                                                  "topology.kmend.io/spine": "spine-0"}
-        assert 'kmend_spares{state="available"} 2.0' in s.client.get("/metrics").text
+        assert 'kmend_spares{state="available"} 2.0' in s.client.get("/metrics", headers=OP).text
 
 
 def test_gpu_reset_request_is_polled_and_answered_by_the_agent(tmp_path: Path) -> None:
@@ -163,10 +164,10 @@ def test_correlated_flood_over_20_percent_stops_at_the_breaker(tmp_path: Path) -
         assert "5 of 40 GPU nodes" in breaker["reason"]
         blocked = s.wait(lambda: (b := s.plans(state="blocked")) and len(b) == 6 and b)
         assert any(n["event"] == "breaker_tripped" for n in s.notifier.sent)
-        assert 'kmend_healer_breaker_tripped 1.0' in s.client.get("/metrics").text
+        assert 'kmend_healer_breaker_tripped 1.0' in s.client.get("/metrics", headers=OP).text
         r = s.client.post(f"/v1/plans/{blocked[0]['id']}/execute", headers=OP)
         assert r.status_code == 409 and "reset it first" in r.json()["detail"]
         reset = s.client.post("/v1/breaker/reset", headers=OP).json()
-        assert reset["tripped"] is False and reset["reset_by"] == "alice"
+        assert reset["tripped"] is False and reset["reset_by"] == "operator-token (alice)"
         time.sleep(0.3)
         assert len([n for n in s.world.cluster.list_nodes() if n.unschedulable]) == 4  # blocked plans wait

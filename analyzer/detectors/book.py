@@ -33,6 +33,9 @@ METRIC_FEATURES: Mapping[str, str] = {
 }
 """Metric names (DCGM exporter, the agent's NVML and InfiniBand sources) to detector features."""
 
+RERUN_AFTER_END_S = 60.0
+"""Progress this long after a run ended is a new run of the job (a rerun under the same name)."""
+
 
 @dataclass(slots=True)
 class RankState:
@@ -54,6 +57,11 @@ class RankState:
     """Step of the newest sample in `times`."""
     sample_phased: bool = False
     """Whether that sample came with phases."""
+    arrivals: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    """(step, when it was reported), newest last: lock-stepped ranks report a step together, so a
+    rank that keeps reporting late is the one the others wait for."""
+    exited_at: float | None = None
+    """When the rank's container was seen gone (None while it runs)."""
 
     @property
     def basis(self) -> str:
@@ -83,11 +91,17 @@ class JobState:
     """Total steps of the run, when printed."""
     steps_seen: int = 0
     """Distinct job steps observed (how much history there is)."""
+    ended_at: float | None = None
+    """When the run announced its end (end-of-training line, the hook's ``finish()``) or every rank exited."""
+    run: int = 0
+    """Restarts seen under this job name: detectors drop what they kept about an earlier run."""
+    cadence_known: bool = False
+    """`intervals` were carried over from the run before a restart (the same job steps at the same pace)."""
 
     @property
     def finished(self) -> bool:
-        """The run reached its last step: silence now is the end, not a hang."""
-        return self.total is not None and self.max_step >= self.total
+        """The run reached its last step or said it ended: silence now is the end, not a hang."""
+        return self.ended_at is not None or (self.total is not None and self.max_step >= self.total)
 
 
 class JobBook:
@@ -102,6 +116,14 @@ class JobBook:
     def observe_progress(self, ev: ProgressEvent) -> None:
         """Fold one progress event in (idempotent for repeated or older steps)."""
         job = self.jobs.setdefault(ev.job, JobState())
+        if ev.kind is ProgressKind.END:
+            job.ended_at = max(job.ended_at or ev.ts, ev.ts)
+            return
+        if ev.kind is ProgressKind.EXIT:
+            self._exit(job, ev)
+            return
+        if ev.kind is ProgressKind.STEP and ev.step is not None and _restarted(job, ev):
+            job = self._restart(ev.job, job)
         if ev.kind is ProgressKind.PAUSE:
             if job.paused_at is None:
                 job.paused_at = ev.ts
@@ -133,6 +155,7 @@ class JobBook:
         step_time = ev.step_time if ev.step_time is not None else derived
         if step_time is not None:
             job.step_times.append(step_time)
+        rank.arrivals.append((ev.step, ev.ts))
         rank.last_step = ev.step
         rank.last_ts = max(rank.last_ts, ev.ts)
         rank.signal_id = ev.signal_id
@@ -141,6 +164,23 @@ class JobBook:
             job.max_step = ev.step
         if ev.step > job.paused_step:
             job.paused_at = None  # a step after the one the pause followed: the pause is over
+
+    @staticmethod
+    def _exit(job: JobState, ev: ProgressEvent) -> None:
+        rank = job.ranks.get(ev.rank)
+        if rank is None:
+            return
+        rank.exited_at = ev.ts
+        if all(r.exited_at is not None for r in job.ranks.values()):
+            job.ended_at = max(job.ended_at or ev.ts, ev.ts)  # every container is gone: deleted or done
+
+    def _restart(self, name: str, old: JobState) -> JobState:
+        """A new run of the job: fresh ranks and steps, the pace it kept before."""
+        new = self.jobs[name] = JobState(run=old.run + 1)
+        new.intervals.extend(old.intervals)
+        new.step_times.extend(old.step_times)
+        new.cadence_known = bool(old.intervals)
+        return new
 
     @staticmethod
     def _sample(rank: RankState, ev: ProgressEvent, derived: float | None) -> None:
@@ -195,6 +235,24 @@ class JobBook:
         for name in gone:
             del self.jobs[name]
         return gone
+
+
+def _restarted(job: JobState, ev: ProgressEvent) -> bool:
+    """A step that begins a new run: after the end, after the rank's container exited, or a step back in time."""
+    step = ev.step if ev.step is not None else -1
+    rank = job.ranks.get(ev.rank)
+    # After the end, another rank's report of the last steps may land just after the end line; a step
+    # this rank already made, or one long after the end, is a new run.
+    if job.ended_at is not None and ev.ts > job.ended_at and (
+            ev.ts > job.ended_at + RERUN_AFTER_END_S or (rank is not None and step <= rank.last_step)):
+        return True
+    if rank is None:
+        return False
+    if rank.exited_at is not None and ev.ts > rank.exited_at:
+        return True
+    # A rank's own reports arrive in order: a lower step reported later than its last one is a
+    # resumption from a checkpoint (a late report of an older step carries an older time).
+    return step < rank.last_step and ev.ts > rank.last_ts
 
 
 def _own_time(ev: ProgressEvent, derived: float | None) -> tuple[float | None, str]:

@@ -21,9 +21,9 @@ cannot run code.
 
 from __future__ import annotations
 
-import ast
 import io
 import pickle
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +37,19 @@ MAX_DUMP_BYTES = 64 * 1024 * 1024
 
 
 class DumpError(ValueError):
-    """A dump is not a Flight Recorder pickle we can read safely."""
+    """A dump is not a Flight Recorder pickle we can read safely; the message names the field."""
+
+
+MAX_ENTRIES = 100_000
+"""Entries a dump may hold (the ring buffer is 2,000 by default; 20,000 is a generous setting)."""
+MAX_GROUPS = 10_000
+"""Process groups a dump may configure."""
+MAX_RANKS_TEXT = 2 * 1024 * 1024
+"""Characters of one group's ``ranks`` list (a million ranks fit)."""
+MAX_NAME = 1024
+"""Characters of a group name, description or profiling name."""
+_RANKS = re.compile(r"\s*\[\s*(?:\d+\s*(?:,\s*\d+\s*)*,?\s*)?\]\s*")
+_STATES = frozenset({"scheduled", "started", "completed"})
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -47,8 +59,118 @@ class _PlainUnpickler(pickle.Unpickler):
         raise DumpError(f"refused to load {module}.{name}: Flight Recorder dumps hold only plain values")
 
 
-def load_dump(data: bytes) -> dict[str, Any]:
-    """Parse one rank's dump safely."""
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """The fields of one ring-buffer entry that the analysis reads, checked."""
+
+    pg: tuple[str, str]
+    """``process_group``: (name, description)."""
+    seq: int
+    """``collective_seq_id`` (> 0; 0 means a point-to-point or unsequenced entry, which is skipped)."""
+    op: str
+    """``profiling_name`` (``nccl:all_reduce``)."""
+    completed: bool
+    """State ``completed``, or retired (gloo leaves ``scheduled`` and retires a finished entry)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dump:
+    """One rank's dump, reduced to what the analysis reads; every field checked at the edge."""
+
+    entries: tuple[Entry, ...]
+    """Collective entries (point-to-point ones dropped)."""
+    groups: Mapping[str, tuple[str, tuple[int, ...]]]
+    """``pg_config``: group name -> (description, ranks)."""
+
+    def ranks_of(self, pg: str, desc: str) -> tuple[int, ...]:
+        """Ranks of a process group, found by name, else by a unique description, else the only group."""
+        got = self.groups.get(pg)
+        if got is None:
+            same = [g for g in self.groups.values() if g[0] == desc]
+            got = same[0] if len(same) == 1 else (next(iter(self.groups.values())) if len(self.groups) == 1
+                                                   else None)
+        return got[1] if got is not None else ()
+
+
+def _text(value: object, field: str, *, required: bool = False) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise DumpError(f"{field}: expected text, got {type(value).__name__}")
+    if len(value) > MAX_NAME:
+        raise DumpError(f"{field}: longer than {MAX_NAME} characters")
+    return value
+
+
+def _int(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DumpError(f"{field}: expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
+    if not 0 <= value < 2**63:
+        raise DumpError(f"{field}: {value} is out of range")
+    return value
+
+
+def _entry(raw: object, i: int) -> Entry | None:
+    at = f"entries[{i}]"
+    if not isinstance(raw, dict):
+        raise DumpError(f"{at}: expected a mapping, got {type(raw).__name__}")
+    p2p = raw.get("is_p2p", False)
+    if not isinstance(p2p, bool) and p2p is not None:
+        raise DumpError(f"{at}.is_p2p: expected a bool, got {type(p2p).__name__}")
+    seq = _int(raw.get("collective_seq_id", 0) or 0, f"{at}.collective_seq_id")
+    state = raw.get("state")
+    if state is not None and (not isinstance(state, str) or state not in _STATES):
+        raise DumpError(f"{at}.state: expected one of {sorted(_STATES)}, got {str(state)[:40]!r}")
+    retired = raw.get("retired", False)
+    if not isinstance(retired, bool) and retired is not None:
+        raise DumpError(f"{at}.retired: expected a bool, got {type(retired).__name__}")
+    pg = raw.get("process_group") or ("", "")
+    if not isinstance(pg, tuple | list) or not 1 <= len(pg) <= 2:
+        raise DumpError(f"{at}.process_group: expected (name, description)")
+    name = _text(pg[0], f"{at}.process_group[0]", required=True)
+    desc = _text(pg[1], f"{at}.process_group[1]", required=True) if len(pg) > 1 else ""
+    op = _text(raw.get("profiling_name"), f"{at}.profiling_name")
+    if p2p or not seq:
+        return None
+    return Entry(pg=(name, desc), seq=seq, op=op, completed=state == "completed" or retired is True)
+
+
+def _groups(raw: object) -> dict[str, tuple[str, tuple[int, ...]]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DumpError(f"pg_config: expected a mapping, got {type(raw).__name__}")
+    if len(raw) > MAX_GROUPS:
+        raise DumpError(f"pg_config: {len(raw)} process groups, more than {MAX_GROUPS}")
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for key, cfg in raw.items():
+        name = _text(key, "pg_config key", required=True)
+        at = f"pg_config[{name[:64]!r}]"
+        if not isinstance(cfg, dict):
+            raise DumpError(f"{at}: expected a mapping, got {type(cfg).__name__}")
+        ranks = cfg.get("ranks", "[]")
+        if isinstance(ranks, list | tuple):
+            if len(ranks) > MAX_RANKS_TEXT // 2:
+                raise DumpError(f"{at}.ranks: more than {MAX_RANKS_TEXT // 2} ranks")
+            parsed = tuple(_int(r, f"{at}.ranks") for r in ranks)
+        elif isinstance(ranks, str):
+            # PyTorch writes the list as its text ("[0, 1, 2]"): read digits, never evaluate.
+            if len(ranks) > MAX_RANKS_TEXT or not _RANKS.fullmatch(ranks):
+                raise DumpError(f"{at}.ranks: expected a list of ranks such as '[0, 1, 2]'")
+            parsed = tuple(int(d) for d in re.findall(r"\d+", ranks))
+        else:
+            raise DumpError(f"{at}.ranks: expected a list of ranks, got {type(ranks).__name__}")
+        out[name] = (_text(cfg.get("desc"), f"{at}.desc"), parsed)
+    return out
+
+
+def load_dump(data: bytes) -> Dump:
+    """Parse one rank's dump safely and check every field the analysis reads.
+
+    Bounded: at most MAX_DUMP_BYTES of pickle and MAX_ENTRIES entries, each read once here,
+    so a dump that unpickles into millions of references to one entry is refused before any
+    analysis sees it.
+    """
     if len(data) > MAX_DUMP_BYTES:
         raise DumpError(f"dump of {len(data)} bytes is larger than {MAX_DUMP_BYTES}")
     try:
@@ -58,8 +180,12 @@ def load_dump(data: bytes) -> dict[str, Any]:
     except Exception as exc:  # any malformed pickle: truncated, wrong opcode, bad protocol
         raise DumpError(f"not a readable pickle: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
-        raise DumpError("not a Flight Recorder dump: no 'entries' list")
-    return doc
+        raise DumpError("entries: not a Flight Recorder dump: no 'entries' list")
+    raw_entries = doc["entries"]
+    if len(raw_entries) > MAX_ENTRIES:
+        raise DumpError(f"entries: {len(raw_entries)} entries, more than {MAX_ENTRIES}")
+    entries = tuple(e for i, raw in enumerate(raw_entries) if (e := _entry(raw, i)) is not None)
+    return Dump(entries=entries, groups=_groups(doc.get("pg_config")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +196,8 @@ class RankDump:
     """Global rank that wrote it."""
     node: str
     """Node it came from."""
-    doc: Mapping[str, Any]
-    """The parsed dump."""
+    doc: Dump
+    """The checked dump."""
     source: str = ""
     """Evidence id (file or upload id)."""
 
@@ -99,48 +225,23 @@ class Verdict:
         return self.missing or self.silent
 
 
-def _completed(e: Mapping[str, Any]) -> bool:
-    # NCCL marks the state; gloo leaves "scheduled" and retires the entry once it finishes.
-    return e.get("state") == "completed" or e.get("retired") is True
-
-
-def _ranks_of(doc: Mapping[str, Any], pg: str, desc: str) -> list[int]:
-    cfg = doc.get("pg_config") or {}
-    entry = cfg.get(pg)
-    if entry is None:
-        same = [c for c in cfg.values() if isinstance(c, Mapping) and c.get("desc") == desc]
-        entry = same[0] if len(same) == 1 else (next(iter(cfg.values())) if len(cfg) == 1 else None)
-    if not isinstance(entry, Mapping):
-        return []
-    try:
-        ranks = ast.literal_eval(str(entry.get("ranks", "[]")))  # a literal list, never eval
-    except (ValueError, SyntaxError):
-        return []
-    return [int(r) for r in ranks] if isinstance(ranks, list | tuple) else []
-
-
 def analyze(dumps: Iterable[RankDump]) -> list[Verdict]:
     """Verdicts for the process groups whose collectives did not all complete, lowest seq first."""
-    per_pg: dict[tuple[str, str], dict[int, list[Mapping[str, Any]]]] = {}
+    per_pg: dict[tuple[str, str], dict[int, list[Entry]]] = {}
     expected: dict[tuple[str, str], set[int]] = {}
     dumped: set[int] = set()
     for d in dumps:
         dumped.add(d.rank)
-        for e in d.doc.get("entries", []):
-            if not isinstance(e, Mapping) or e.get("is_p2p") or not e.get("collective_seq_id"):
-                continue
-            pg = e.get("process_group") or ("", "")
-            key = (str(pg[0]), str(pg[1]) if len(pg) > 1 else "")
-            per_pg.setdefault(key, {}).setdefault(d.rank, []).append(e)
-            if key not in expected:
-                expected[key] = set(_ranks_of(d.doc, *key))
+        for e in d.doc.entries:
+            per_pg.setdefault(e.pg, {}).setdefault(d.rank, []).append(e)
+            if e.pg not in expected:
+                expected[e.pg] = set(d.doc.ranks_of(*e.pg))
     out: list[Verdict] = []
     for key, by_rank in per_pg.items():
         members = expected[key] or set(by_rank)
-        done = {r: max((int(e["collective_seq_id"]) for e in es if _completed(e)), default=0)
-                for r, es in by_rank.items()}
-        enq = {r: max(int(e["collective_seq_id"]) for e in es) for r, es in by_rank.items()}
-        pending = [int(e["collective_seq_id"]) for es in by_rank.values() for e in es if not _completed(e)]
+        done = {r: max((e.seq for e in es if e.completed), default=0) for r, es in by_rank.items()}
+        enq = {r: max(e.seq for e in es) for r, es in by_rank.items()}
+        pending = [e.seq for es in by_rank.values() for e in es if not e.completed]
         if pending:
             seq = min(pending)
         else:
@@ -152,43 +253,80 @@ def analyze(dumps: Iterable[RankDump]) -> list[Verdict]:
         # A rank whose last enqueued collective is below `seq` never reached it.
         missing = sorted(r for r in by_rank if enq[r] < seq and done[r] < seq)
         silent = sorted(members - dumped) if not missing else []
-        op = next((str(e.get("profiling_name", "")) for es in by_rank.values() for e in es
-                   if int(e["collective_seq_id"]) == seq), "")
+        op = next((e.op for es in by_rank.values() for e in es if e.seq == seq), "")
         name = f"{key[0]}:{key[1]}" if key[1] and key[1] != "undefined" else key[0]
         out.append(Verdict(pg=name, seq=seq, op=op, expected=tuple(sorted(members)), missing=tuple(missing),
                            silent=tuple(silent)))
     return sorted(out, key=lambda v: (v.seq, v.pg))
 
 
+@dataclass(frozen=True, slots=True)
+class SettledJob:
+    """A job's dumps taken out of the detector to be judged (once)."""
+
+    job: str
+    """Job name."""
+    dumps: Mapping[int, RankDump]
+    """Rank -> its dump."""
+    ts: float
+    """When the last dump arrived."""
+
+
 class FlightRecorderDetector:
-    """Collects a job's dumps as they arrive and judges them once they have settled."""
+    """Collects a job's dumps as they arrive and judges them once they have settled.
+
+    Nothing is analysed while dumps still arrive: completeness is known from the ranks
+    each dump's process groups name, so a job's dumps are analysed exactly once.
+    """
 
     id = DETECTOR_ID
 
     def __init__(self, *, settle_s: float = 10.0) -> None:
         self.settle_s = settle_s
         self._dumps: dict[str, dict[int, RankDump]] = {}
+        self._members: dict[str, set[int]] = {}
         self._last: dict[str, float] = {}
         self._reported: set[str] = set()
 
     def add(self, job: str, dump: RankDump, ts: float) -> None:
         """Keep one rank's dump of `job` (a newer dump of the same rank replaces it)."""
         self._dumps.setdefault(job, {})[dump.rank] = dump
+        members = self._members.setdefault(job, set())
+        for pg in {e.pg for e in dump.doc.entries}:
+            members.update(dump.doc.ranks_of(*pg))
         self._last[job] = max(self._last.get(job, ts), ts)
+
+    def take_settled(self, now: float) -> list[SettledJob]:
+        """Remove and return the jobs whose dumps are all in or stopped arriving `settle_s` ago (cheap)."""
+        out: list[SettledJob] = []
+        for job in list(self._dumps):
+            dumps = self._dumps[job]
+            members = self._members.get(job, set())
+            complete = bool(members) and members <= set(dumps)
+            if not complete and now - self._last[job] < self.settle_s:
+                continue
+            del self._dumps[job]
+            self._members.pop(job, None)
+            out.append(SettledJob(job, dumps, self._last.pop(job)))
+        return out
+
+    def judge(self, settled: SettledJob) -> Finding | None:
+        """The finding for one settled job's dumps (the heavy part; touches no detector state)."""
+        return self._finding(settled.job, settled.dumps, analyze(settled.dumps.values()), settled.ts)
+
+    def first_report(self, finding: Finding) -> bool:
+        """True the first time a finding id is seen, so each stuck collective is reported once."""
+        if finding.id in self._reported:
+            return False
+        self._reported.add(finding.id)
+        return True
 
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose dumps stopped arriving `settle_s` ago (or are all in)."""
         out: list[Finding] = []
-        for job in list(self._dumps):
-            dumps = self._dumps[job]
-            verdicts = analyze(dumps.values())
-            complete = bool(verdicts) and set(verdicts[0].expected) <= set(dumps)
-            if not complete and now - self._last[job] < self.settle_s:
-                continue
-            del self._dumps[job]
-            f = self._finding(job, dumps, verdicts, self._last.pop(job))
-            if f is not None and f.id not in self._reported:
-                self._reported.add(f.id)
+        for settled in self.take_settled(now):
+            f = self.judge(settled)
+            if f is not None and self.first_report(f):
                 out.append(f)
         return out
 

@@ -28,22 +28,38 @@ DETECTOR_ID = "hang-detector"
 
 @dataclass(frozen=True, slots=True)
 class HangConfig:
-    """Thresholds. Defaults detect within max(5 x median step, 30 s) when evaluated every second or two."""
+    """Thresholds: adaptive to each job's pace and spread, bounded by the detection target.
 
-    k: float = 4.0
+    The stall threshold is ``max(k x median interval + z x robust spread, 1.25 x the longest
+    healthy gap seen, floor_s)``, but never more than the target ``max(target_k x median,
+    target_floor_s)`` less `slack_s` (shipping and evaluation delay): a job whose intervals vary
+    a lot, or that had long healthy gaps before, waits longer, but never past the target.
+    """
+
+    k: float = 2.4
     """Stall threshold in units of the job's median report interval."""
-    floor_s: float = 20.0
+    floor_s: float = 10.0
     """Never call a hang before this many seconds without progress (absorbs data-loader hiccups)."""
+    z: float = 6.0
+    """Robust spreads (1.4826 x MAD of the intervals) added to k x median."""
+    gap_margin: float = 1.25
+    """A gap this much longer than the longest healthy gap seen (a stall that later resumed) is a hang."""
+    target_k: float = 3.0
+    """Detection target in units of the median interval ..."""
+    target_floor_s: float = 15.0
+    """... and at least this many seconds: the threshold stays below the target."""
+    slack_s: float = 2.0
+    """Target minus threshold: time to ship the last lines and for the next evaluation."""
     min_steps: int = 3
     """Job steps seen before judging it (start-up, compilation and warm-up are slow)."""
-    behind_fraction: float = 0.5
-    """A rank is behind when its last progress is this many median intervals older than the newest."""
     max_pause_s: float = 1800.0
     """A checkpoint or evaluation announced in the logs suspends detection for at most this long."""
     busy_util: float = 50.0
     """GPU utilisation (%) at or above which a GPU counts as busy."""
     idle_util: float = 10.0
     """GPU utilisation (%) at or below which a GPU counts as idle."""
+    suspect_fraction: float = 0.5
+    """A job stalled this fraction of its threshold is suspected: evidence (stacks, dumps) is asked for."""
 
 
 class HangDetector:
@@ -54,13 +70,45 @@ class HangDetector:
     def __init__(self, book: JobBook, config: HangConfig | None = None) -> None:
         self.book = book
         self.config = config or HangConfig()
-        self._reported: dict[str, float] = {}
+        self._reported: dict[str, tuple[int, float]] = {}
 
     def threshold(self, job: JobState) -> float | None:
         """Seconds without progress that make a hang for this job; None while history is too short."""
-        if job.steps_seen < self.config.min_steps or not job.intervals:
+        cfg = self.config
+        if not job.intervals or (job.steps_seen < cfg.min_steps and not (job.cadence_known and job.steps_seen)):
             return None
-        return max(self.config.k * statistics.median(job.intervals), self.config.floor_s)
+        gaps = list(job.intervals)
+        med = statistics.median(gaps)
+        spread = 1.4826 * statistics.median(abs(g - med) for g in gaps)
+        cap = max(cfg.target_k * med, cfg.target_floor_s) - cfg.slack_s
+        want = max(cfg.k * med + cfg.z * spread, cfg.gap_margin * max(gaps), cfg.floor_s)
+        return max(min(want, cap), min(cfg.floor_s, cap))
+
+    def suspects(self, now: float) -> list[tuple[str, float]]:
+        """Jobs stalled past `suspect_fraction` of their threshold, with when progress stopped: gather evidence."""
+        out = []
+        for name, job in self.book.jobs.items():
+            thr = self.threshold(job)
+            if thr is None or job.finished or not job.ranks or self._paused(job, now):
+                continue
+            newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+            if now - newest >= self.config.suspect_fraction * thr:
+                out.append((name, newest))
+        return out
+
+    def verdict(self, name: str, since: float) -> bool | None:
+        """For evidence taken at `since`: True once the stall it was taken in is called a hang, False when the
+        job progressed (or ended) after it, None while undecided."""
+        job = self.book.jobs.get(name)
+        if job is None or job.finished or not job.ranks:
+            return False
+        newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+        if newest > since:
+            return False
+        return True if self._reported.get(name) == (job.run, newest) else None
+
+    def _paused(self, job: JobState, now: float) -> bool:
+        return job.paused_at is not None and now - job.paused_at < self.config.max_pause_s
 
     def evaluate(self, now: float) -> list[Finding]:
         """Hang findings for jobs stalled at `now` (each episode reported once)."""
@@ -72,10 +120,9 @@ class HangDetector:
         return out
 
     def _judge(self, name: str, job: JobState, now: float) -> Finding | None:
-        cfg = self.config
         if job.finished or not job.ranks:
             return None
-        if job.paused_at is not None and now - job.paused_at < cfg.max_pause_s:
+        if self._paused(job, now):
             return None
         thr = self.threshold(job)
         if thr is None:
@@ -85,11 +132,11 @@ class HangDetector:
         if now - newest < thr:
             self._reported.pop(name, None)  # progressing: a later stall is a new episode
             return None
-        if self._reported.get(name) == newest:
+        if self._reported.get(name) == (job.run, newest):
             return None
-        self._reported[name] = newest
+        self._reported[name] = (job.run, newest)
         interval = statistics.median(job.intervals)
-        behind = self._behind(job, last, newest, interval)
+        behind = self._behind(job)
         fields = {
             "stalled_s": f"{now - newest:.1f}", "threshold_s": f"{thr:.1f}",
             "median_interval_s": f"{interval:.3f}", "last_step": str(job.max_step),
@@ -99,7 +146,13 @@ class HangDetector:
             fields["median_step_s"] = f"{statistics.median(job.step_times):.3f}"
         culprit: tuple[int, RankState] | None = None
         gpu_node: str | None = None
-        if behind:
+        exited = sorted(r for r, st in job.ranks.items() if r >= 0 and st.exited_at is not None)
+        if exited:
+            mode = "rank_exited"
+            culprit = (exited[0], job.ranks[exited[0]])
+            fields["exited_ranks"] = ",".join(map(str, exited[:32]))
+            fields["culprit_rank"] = str(exited[0])
+        elif behind:
             mode = "ranks_behind"
             first = min(behind, key=lambda r: (last[r], r))
             culprit = (first, job.ranks[first])
@@ -116,6 +169,7 @@ class HangDetector:
                     culprit = (gpu_rank, job.ranks[gpu_rank])
                     fields["culprit_rank"] = str(gpu_rank)
         fields["mode"] = mode
+        fields["run"] = str(job.run)
         where = Location(job=name)
         evidence: tuple[str, ...] = ()
         if culprit is not None:
@@ -124,6 +178,9 @@ class HangDetector:
             evidence = (st.signal_id,) if st.signal_id else ()
             msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s); rank {rank} on "
                    f"{st.node} stopped first, at step {st.last_step}")
+            if mode == "rank_exited":
+                msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s); the container "
+                       f"of rank {rank} on {st.node} exited at step {st.last_step} and the others wait for it")
         elif gpu_node is not None:
             where = Location(node=gpu_node, job=name)
             msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s) with GPUs busy "
@@ -137,14 +194,15 @@ class HangDetector:
             evidence=evidence, message=msg, symptom_of=HANG_CAUSES, fields=fields,
         )
 
-    def _behind(self, job: JobState, last: dict[int, float], newest: float, interval: float) -> list[int]:
+    @staticmethod
+    def _behind(job: JobState) -> list[int]:
+        # Behind means a lower step. When every rank logged the same last step, which one logged it a
+        # little earlier is ordinary jitter (log buffering, scheduling), not who stopped the job.
         ranked = [r for r in job.ranks if r >= 0]
         if len(ranked) < 2:
             return []
         top = max(job.ranks[r].last_step for r in ranked)
-        by_step = [r for r in ranked if job.ranks[r].last_step < top]
-        gap = self.config.behind_fraction * interval
-        behind = by_step or [r for r in ranked if last[r] < newest - gap]
+        behind = [r for r in ranked if job.ranks[r].last_step < top]
         # A majority "behind" is no culprit: it is the few ahead that are odd (or the logs lag).
         return behind if len(behind) * 2 <= len(ranked) else []
 

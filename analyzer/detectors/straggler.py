@@ -62,6 +62,11 @@ class StragglerConfig:
     """Temperature robust z-score that is evidence of a slow (hot) node."""
     random_state: int = 0
     """Seed of the node model."""
+    lag_min_s: float = 0.1
+    """A lock-stepped rank reporting each step at least this much later than its peers is behind
+    (well above scheduling jitter and the clock offset between nodes) ..."""
+    lag_fraction: float = 0.25
+    """... and at least this fraction of the job's step period."""
 
 
 @dataclass(slots=True)
@@ -79,21 +84,38 @@ class StragglerDetector:
     def __init__(self, book: JobBook, config: StragglerConfig | None = None) -> None:
         self.book = book
         self.config = config or StragglerConfig()
-        self._last_step: dict[str, int] = {}
+        self._last_step: dict[str, tuple[int, int]] = {}
         self._ranks: dict[tuple[str, int], _Episode] = {}
         self._nodes: dict[tuple[str, str], _Episode] = {}
+        self.failures: list[tuple[str, str]] = []
+        """(job, error) for jobs whose data could not be scored; the suite drains and reports them."""
+        self._lags: dict[tuple[str, int], _Episode] = {}
 
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose step advanced since the last evaluation."""
         out: list[Finding] = []
         for name, job in self.book.jobs.items():
-            if job.max_step <= self._last_step.get(name, -1):
+            run, seen = self._last_step.get(name, (job.run, -1))
+            if run != job.run:
+                # A new run of the job: earlier episodes and steps belong to the old one.
+                seen = -1
+                for rk in [k for k in self._ranks if k[0] == name]:
+                    del self._ranks[rk]
+                for nk in [k for k in self._nodes if k[0] == name]:
+                    del self._nodes[nk]
+            if job.max_step <= seen:
                 continue
-            self._last_step[name] = job.max_step
-            evidence = self._node_evidence(name)
-            out.extend(self._score_ranks(name, job, now, evidence))
-            if job.max_step % self.config.node_every_steps == 0:
-                out.extend(self._score_nodes(name, job, now, evidence))
+            self._last_step[name] = (job.run, job.max_step)
+            try:
+                evidence = self._node_evidence(name)
+                found = self._score_ranks(name, job, now, evidence)
+                found += self._score_lags(name, job, now, evidence)
+                if job.max_step % self.config.node_every_steps == 0:
+                    found += self._score_nodes(name, job, now, evidence)
+            except Exception as exc:  # one job's data must not stop the other jobs' scoring
+                self.failures.append((name, f"{type(exc).__name__}: {str(exc)[:300]}"))
+                continue
+            out.extend(found)
         return out
 
     # -- ranks -----------------------------------------------------------------
@@ -134,6 +156,52 @@ class StragglerDetector:
                 severity=Severity.WARNING, hardware=hardware, where=Location(node=st.node, rank=r, job=name),
                 rule_id=DETECTOR_ID, recommended_action=action,
                 evidence=(st.signal_id,) if st.signal_id else (), message=msg, fields=fields,
+            ))
+        return out
+
+    def _score_lags(self, name: str, job: JobState, now: float, hw: dict[str, str]) -> list[Finding]:
+        """Ranks of a lock-stepped job that report every step late.
+
+        In synchronous data parallelism every rank's step takes the same wall time (all wait in
+        the gradient all-reduce), so step times cannot tell the slow rank; but a rank whose own
+        work between the all-reduce and its log line (optimizer step, host-side work) is slow
+        reports each step after its peers, and they then wait for it. Ranks that report phases
+        through the hook are scored on their compute time instead.
+        """
+        cfg = self.config
+        ranks = [r for r, st in job.ranks.items() if r >= 0 and not st.has_phases]
+        if len(ranks) < cfg.min_ranks:
+            return []
+        seen = [dict(job.ranks[r].arrivals) for r in ranks]
+        steps = sorted(set.intersection(*(set(d) for d in seen)))[-cfg.window:]
+        if len(steps) < cfg.min_samples:
+            return []
+        at = np.array([[d[k] for k in steps] for d in seen])
+        first = at.min(axis=0)
+        med = np.median(at - first, axis=1)
+        excess = med - float(np.median(med))
+        period = float(np.median(np.diff(first) / np.diff(np.array(steps, dtype=np.float64))))
+        threshold = max(cfg.lag_min_s, cfg.lag_fraction * period)
+        out = []
+        for i, r in enumerate(ranks):
+            ep = self._lags.setdefault((name, r), _Episode())
+            if not self._step(ep, bool(excess[i] >= threshold), job.max_step):
+                continue
+            st = job.ranks[r]
+            slow = period / max(period - excess[i], 1e-3)
+            reason = hw.get(st.node)
+            fields = {"slowdown": f"{slow:.3f}", "window_steps": str(len(steps)), "basis": "arrival_lag",
+                      "lag_s": f"{excess[i]:.4f}", "period_s": f"{period:.4f}", "step": str(st.last_step)}
+            if reason:
+                fields["node_evidence"] = reason
+            out.append(Finding(
+                id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
+                severity=Severity.WARNING, hardware=reason is not None, where=Location(node=st.node, rank=r, job=name),
+                rule_id=DETECTOR_ID, recommended_action=Action.NOTIFY,
+                evidence=(st.signal_id,) if st.signal_id else (), fields=fields,
+                message=(f"rank {r} on {st.node} reports each step {excess[i]:.3f} s after its peers "
+                         f"(step period {period:.3f} s over {len(steps)} steps): the others wait for it"
+                         + (f"; node: {reason}" if reason else "")),
             ))
         return out
 

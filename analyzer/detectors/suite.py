@@ -2,21 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from analyzer.detectors.book import JobBook
-from analyzer.detectors.flight_recorder import FlightRecorderDetector, RankDump, load_dump
+from analyzer.detectors.flight_recorder import Dump, FlightRecorderDetector, RankDump, SettledJob, load_dump
 from analyzer.detectors.hang import HangConfig, HangDetector
+from analyzer.detectors.stacks import StackDetector, StackSample
 from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
+from analyzer.detectors.witnesses import WitnessDetector
 from analyzer.progress import ProgressEvent, ProgressExtractor
 from analyzer.progress_rules import ProgressRule
 from analyzer.records import Finding
 from collector.signal import MetricSample, Signal
 
+_T = TypeVar("_T")
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorFailure:
+    """One detector (or one job's data in it) failed; the others went on."""
+
+    detector: str
+    """Detector id (``hang``, ``straggler``, ``flight-recorder``)."""
+    error: str
+    """What went wrong (exception type and message), for the log."""
+    job: str = ""
+    """The job whose data it was judging, when known."""
+
 
 class DetectorSuite:
-    """Progress extraction, the shared job book, and the hang, straggler and Flight Recorder detectors."""
+    """Progress extraction, the shared job book, and the hang, straggler, Flight Recorder, timeout-witness
+    and stack-dump detectors."""
 
     def __init__(self, progress_rules: Sequence[ProgressRule] = (), *, hang: HangConfig | None = None,
                  straggler: StragglerConfig | None = None, flight_recorder_settle_s: float = 10.0,
@@ -26,10 +48,13 @@ class DetectorSuite:
         self.hang = HangDetector(self.book, hang)
         self.straggler = StragglerDetector(self.book, straggler)
         self.flight_recorder = FlightRecorderDetector(settle_s=flight_recorder_settle_s)
+        self.witnesses = WitnessDetector(self.book)
+        self.stacks = StackDetector()
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
         """Latest signal time seen (event time: replayed traces judge by their own clock)."""
+        self._failures: list[DetectorFailure] = []
 
     def observe(self, signals: Sequence[Signal]) -> list[ProgressEvent]:
         """Feed a batch; returns the progress events found (findings come from ``evaluate``)."""
@@ -43,19 +68,86 @@ class DetectorSuite:
                 self.watermark = sig.ts
         return events
 
+    def observe_findings(self, findings: Sequence[Finding]) -> None:
+        """Rule findings of a batch: collective-timeout lines say which ranks were left waiting."""
+        self.witnesses.observe(list(findings))
+
+    def add_stack(self, job: str, sample: StackSample, ts: float) -> None:
+        """Keep one rank's Python stack dump (captured by the node agent on a suspected hang)."""
+        state = self.book.jobs.get(job)
+        ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
+        self.stacks.add(job, sample, ts, ranks=ranks)
+        self.watermark = max(self.watermark, ts)
+
+    def end_job(self, job: str, ts: float) -> None:
+        """The job's pods are done (the API says so): its silence from now on is no hang."""
+        state = self.book.jobs.get(job)
+        if state is not None and state.ended_at is None:
+            state.ended_at = ts
+
+    def suspects(self, now: float) -> list[tuple[str, list[str], float]]:
+        """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""
+        return [(job, sorted(self.book.nodes_of(job)), since) for job, since in self.hang.suspects(now)]
+
     def add_flight_recorder_dump(self, job: str, rank: int, node: str, data: bytes, ts: float,
                                  source: str = "") -> None:
         """Parse (safely) and keep one rank's Flight Recorder dump; raises DumpError on a bad one."""
-        self.flight_recorder.add(job, RankDump(rank=rank, node=node, doc=load_dump(data), source=source), ts)
+        self.add_checked_dump(job, rank, node, load_dump(data), ts, source)
+
+    def add_checked_dump(self, job: str, rank: int, node: str, dump: Dump, ts: float, source: str = "") -> None:
+        """Keep one rank's dump already read by ``load_dump`` (callers parse it outside their locks)."""
+        self.flight_recorder.add(job, RankDump(rank=rank, node=node, doc=dump, source=source), ts)
         self.watermark = max(self.watermark, ts)
 
-    def evaluate(self, now: float) -> list[Finding]:
-        """Every detector's findings at `now`; each finding is emitted once."""
-        found = self.hang.evaluate(now) + self.straggler.evaluate(now)
+    def take_settled_dumps(self, now: float) -> list[SettledJob]:
+        """Jobs whose dumps are ready to be judged, removed from the detector (cheap)."""
+        return self.flight_recorder.take_settled(now)
+
+    def judge_dumps(self, settled: Sequence[SettledJob]) -> list[Finding]:
+        """Judge settled dumps (the heavy part; touches only failure records). One bad job never stops the rest."""
+        out: list[Finding] = []
+        for job in settled:
+            try:
+                f = self.flight_recorder.judge(job)
+            except Exception as exc:  # one job's data must not stop the others: recorded, then dropped
+                self._failures.append(DetectorFailure(self.flight_recorder.id, _why(exc), job.job))
+                continue
+            if f is not None:
+                out.append(f)
+        return out
+
+    def evaluate(self, now: float, judged: Sequence[Finding] | None = None) -> list[Finding]:
+        """Every detector's findings at `now`; each finding is emitted once.
+
+        `judged` are Flight Recorder findings the caller judged from ``take_settled_dumps``
+        (outside its lock); dumps settled since are judged here. A detector that raises is
+        recorded in ``take_failures`` and the others still run.
+        """
+        found = self._guarded("hang", lambda: self.hang.evaluate(now))
+        found += self._guarded("straggler", lambda: self.straggler.evaluate(now))
+        self._failures.extend(DetectorFailure("straggler", why, job) for job, why in self.straggler.failures)
+        self.straggler.failures.clear()
+        found += self._guarded("witnesses", lambda: self.witnesses.evaluate(now))
+        found += self._guarded("stacks", lambda: self.stacks.evaluate(now, self.hang.verdict))
         self.book.expire(now, self.forget_after_s)
-        for f in self.flight_recorder.evaluate(now):
-            found.append(self._placed(f))
+        fr = list(judged or ())
+        fr += self.judge_dumps(self._guarded(self.flight_recorder.id, lambda: self.take_settled_dumps(now)))
+        for f in fr:
+            if self.flight_recorder.first_report(f):
+                found.append(self._placed(f))
         return found
+
+    def take_failures(self) -> list[DetectorFailure]:
+        """Failures since the last call (the service logs and counts them)."""
+        out, self._failures = self._failures, []
+        return out
+
+    def _guarded(self, detector: str, run: Callable[[], list[_T]]) -> list[_T]:
+        try:
+            return run()
+        except Exception as exc:  # isolation: the other detectors still run this round
+            self._failures.append(DetectorFailure(detector, _why(exc)))
+            return []
 
     def _placed(self, f: Finding) -> Finding:
         # A rank that wrote no dump has no node in the dumps; its progress reports know it.

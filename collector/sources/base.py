@@ -27,6 +27,9 @@ class Poll:
     """Records the source knows were lost before it could read them (kmsg overruns)."""
     errors: int = 0
     """Failures inside the source it recovered from (one bad file among many)."""
+    filtered: int = 0
+    """Lines the prefilter dropped because no rule could match them (counted, so an operator can see
+    when a trainer's progress lines never reach the service)."""
 
 
 class SignalSource(Protocol):

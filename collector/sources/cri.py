@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collector.podmeta import PodMetadataProvider, job_and_rank
-from collector.signal import LogLine, Signal, Source
+from collector.identity import line_rank, pod_identity, strip_rank_prefix
+from collector.podmeta import PodMetadataProvider
+from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Clock, Cursor, LinePrefilter, Poll
 from collector.sources.tail import Chunk, RotatingFile, lines_of
 
@@ -31,7 +32,6 @@ METADATA_RETRY_S = 30.0
 """Seconds before a failed pod-label lookup is tried again."""
 
 _LIVE = re.compile(r"^\d+\.log$")
-_RANK = re.compile(r"^\[rank(\d+)\]:")
 _PARTIAL_MARKS = (b" stdout P ", b" stderr P ")
 
 
@@ -94,6 +94,7 @@ class _Fragments:
     ts: str
     parts: list[str] = field(default_factory=list)
     size: int = 0
+    prefix: str | None = None
 
 
 @dataclass
@@ -123,8 +124,10 @@ class CriLogSource:
         resume: Mapping[str, Cursor] | None = None,
         clock: Clock = time.time,
         max_bytes_per_file: int = 256 * 1024,
+        job: str | None = None,
     ) -> None:
         self.node = node
+        self.job = job
         self.root = root
         self.pod_metadata = pod_metadata
         self.prefilter = prefilter
@@ -138,11 +141,16 @@ class CriLogSource:
         self._emitted: dict[str, Cursor] = {}
         self._failing: set[tuple[str, str, str]] = set()
         self._ts = TimestampParser()
+        self._filtered = 0
 
     def _pod_identity(self, pod: PodRef) -> tuple[str | None, int | None] | None:
         if pod.uid in self._labels:
             return self._labels[pod.uid]
-        if self.pod_metadata is None or self._retry_at.get(pod.uid, 0.0) > self.clock():
+        if self.pod_metadata is None:
+            # Off-cluster without a labels file: the pod name says the job and the rank.
+            ident = self._labels[pod.uid] = pod_identity(pod.pod, None, job=self.job)
+            return ident
+        if self._retry_at.get(pod.uid, 0.0) > self.clock():
             return None
         try:
             labels = self.pod_metadata.labels(pod.namespace, pod.pod, pod.uid)
@@ -151,7 +159,7 @@ class CriLogSource:
             self.metadata_errors += 1
             self._retry_at[pod.uid] = self.clock() + METADATA_RETRY_S
             return None
-        ident = job_and_rank(labels) if labels is not None else (None, None)
+        ident = pod_identity(pod.pod, labels, job=self.job)
         self._labels[pod.uid] = ident
         return ident
 
@@ -191,6 +199,7 @@ class CriLogSource:
     def poll(self) -> Poll:
         """New lines from every container log, and the cursors they complete."""
         seen = self._discover()
+        self._filtered = 0
         signals: list[Signal] = []
         cursors: dict[str, Cursor] = {}
         lines = errors = 0
@@ -202,6 +211,11 @@ class CriLogSource:
                     cursors[fp] = None
                 del self._streams[key]
                 self._failing.discard(key)
+                if st.job is not None and st.rank is not None:
+                    # A rank of a known job is gone (completed and removed, or deleted): its silence
+                    # from now on is no hang.
+                    signals.append(Signal(f"{self.node}/container/{'/'.join(key)}/exit", self.node, Source.CONTAINER,
+                                          self.clock(), ProgressSample(st.job, st.rank, 0, event="exit")))
                 continue
             if st.job is None and st.rank is None:
                 ident = self._pod_identity(st.pod)
@@ -246,14 +260,18 @@ class CriLogSource:
             del self._labels[uid]
         for uid in [u for u in self._retry_at if u not in live_pods]:
             del self._retry_at[uid]
-        return Poll(signals, cursors, lines, errors=errors)
+        return Poll(signals, cursors, lines, errors=errors, filtered=self._filtered)
 
     def _process(self, st: _Stream, chunk: Chunk, out: list[Signal]) -> None:
         data = chunk.data
         slow = bool(st.partial) or any(m in data for m in _PARTIAL_MARKS)
         if not slow:
+            kept = 0
             for offset, raw in lines_of(chunk, self.prefilter):
+                kept += 1
                 self._line(st, chunk.file_id, offset, raw, out, check=False)
+            if self.prefilter is not None:
+                self._filtered += data.count(b"\n") - kept
             st.processed[chunk.file_id] = chunk.offset + len(data)
             st.safe.update(st.processed)
             return
@@ -279,29 +297,51 @@ class CriLogSource:
         if tag == "P":
             if frag is None:
                 frag = st.partial[stream] = _Fragments(fp, offset, ts)
-            if frag.size < MAX_LINE:
+            if "\r" in msg:
+                self._bar_update(st, fp, offset, ts, frag, msg, out)
+            elif frag.size < MAX_LINE:
                 frag.parts.append(msg)
                 frag.size += len(msg)
             return
         if frag is not None:
             del st.partial[stream]
             frag.parts.append(msg)
-            self._emit(st, frag.file_id, frag.offset, frag.ts, "".join(frag.parts), out, True)
+            self._emit(st, frag.file_id, frag.offset, frag.ts, (frag.prefix or "") + "".join(frag.parts), out, True)
             return
         self._emit(st, fp, offset, ts, msg, out, check)
 
+    def _bar_update(self, st: _Stream, fp: str, offset: int, ts: str, frag: _Fragments, msg: str,
+                    out: list[Signal]) -> None:
+        """A progress bar redraws itself with carriage returns and never ends its line, so the
+        runtime hands it over in partial records: ship the latest complete redraw now (a bar
+        that only arrived with its final newline would look like a stalled job for a whole epoch)
+        and keep only the redraw in progress."""
+        segments = ("".join(frag.parts) + msg).split("\r")
+        if frag.prefix is None:
+            # The launcher's rank prefix starts the line, not each redraw: carry it over.
+            frag.prefix = segments[0][:len(segments[0]) - len(strip_rank_prefix(segments[0]))]
+        latest = next((seg for seg in reversed(segments[:-1]) if seg.strip()), None)
+        if latest is not None:
+            # Its own id: the record's offset is also where the joined line would be reported from.
+            self._emit(st, fp, offset, ts, frag.prefix + strip_rank_prefix(latest), out, True, suffix="r")
+        frag.parts = [segments[-1]]
+        frag.size = len(segments[-1])
+
     def _emit(
-        self, st: _Stream, fp: str, offset: int, ts: str | None, text: str, out: list[Signal], check: bool
+        self, st: _Stream, fp: str, offset: int, ts: str | None, text: str, out: list[Signal], check: bool,
+        *, suffix: str = "",
     ) -> None:
         if check and self.prefilter is not None and not self.prefilter.matches(text):
+            self._filtered += 1
             return
         if len(text) > MAX_LINE:
             text = text[:MAX_LINE]
-        m = _RANK.match(text)
-        rank = int(m.group(1)) if m else st.rank
+        # Several ranks may share one pod's stdout: the line's own prefix names the writer.
+        prefixed = line_rank(text)
+        rank = prefixed if prefixed is not None else st.rank
         when = self._ts(ts) if ts else None
         out.append(Signal(
-            id=f"{self.node}/container/{fp}/{offset}",
+            id=f"{self.node}/container/{fp}/{offset}{suffix}",
             node=self.node,
             source=Source.CONTAINER,
             ts=when if when is not None else self.clock(),

@@ -155,7 +155,7 @@ class KmsgSource:
     def poll(self) -> Poll:
         """Records appended since the previous call (at most ``max_records``)."""
         signals: list[Signal] = []
-        count = 0
+        count = filtered = 0
         overruns = self.overruns
         boot_epoch = self.clock() - self.monotonic()
         while count < self.max_records:
@@ -174,6 +174,7 @@ class KmsgSource:
                     continue
                 self.last_seq = rec.seq
                 if self.prefilter is not None and not self.prefilter.matches(rec.message):
+                    filtered += 1
                     continue
                 signals.append(Signal(
                     id=f"{self.node}/kernel/{self.boot}/{rec.seq}",
@@ -185,7 +186,7 @@ class KmsgSource:
         cursors: dict[str, Cursor] = {}
         if count:
             cursors["position"] = {"boot": self.boot, "seq": self.last_seq}
-        return Poll(signals, cursors, count, self.overruns - overruns)
+        return Poll(signals, cursors, count, self.overruns - overruns, filtered=filtered)
 
     def close(self) -> None:
         """Release the device."""
@@ -236,7 +237,7 @@ class KernLogSource:
                     payload=LogLine(text),
                 ))
             cursors[chunk.file_id] = self._file.positions[chunk.file_id].cursor()
-        return Poll(signals, cursors, lines)
+        return Poll(signals, cursors, lines, filtered=lines - len(signals) if self.prefilter is not None else 0)
 
     def close(self) -> None:
         """Nothing is held open between polls."""

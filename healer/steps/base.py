@@ -88,8 +88,9 @@ class StepContext:
     agents: NodeAgents = field(default_factory=NodeAgents)
     """Which node agents poll for requests, and what they carry out."""
     checkpoint_roots: tuple[str, ...] | None = None
-    """Local paths the control plane itself may search for checkpoints; others are searched by the
-    node agent of a node running the job. None: any local path (the simulated cluster, tests)."""
+    """Directories the control plane itself may search for checkpoints (every search stays under them);
+    other local paths are searched by the node agent of a node running the job. None: any local path
+    (the simulated cluster, tests and tools)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ def _search(step: ActionStep, plan: Plan, ctx: StepContext, path: str,
         return discover(object_store_path(path))
     roots = ctx.checkpoint_roots
     if roots is None or any(_under(path, r) for r in roots):
-        return discover(Path(path))
+        return discover(Path(path), roots=roots)  # bounded, and never through a link out of the roots
     # The failed node's pods are going away; any other running pod of the job sees the same volume,
     # the longest-running first (a replacement just placed on a spare may not have started).
     live = sorted((p for p in pods if p.node and not p.terminating and p.uid),

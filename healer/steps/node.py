@@ -19,6 +19,8 @@ from healer.keys import (
     SPARE_LABEL,
     SPARE_PLAN,
     SPARE_TAINT_KEY,
+    UNVALIDATED_TAINT_KEY,
+    VALIDATED_AT,
 )
 from healer.records import ActionStep, Plan, StepKind
 from healer.steps.base import StepContext, StepOutcome, done, skipped
@@ -101,6 +103,18 @@ def return_to_pool(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcom
     return done(f"{node} returned to the spare pool")
 
 
+def accept(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """The health check passed: the unvalidated taint comes off and the node takes work."""
+    node = _node(step)
+    ctx.cluster.patch_node_metadata(node, annotations={VALIDATED_AT: rfc3339(ctx.clock())})
+    ctx.cluster.set_condition(node, Condition(CONDITION_TYPE, "True", "Validated",
+                                              f"health check passed ({step.params.get('why', 'new')} node)"))
+    ctx.cluster.remove_taint(node, UNVALIDATED_TAINT_KEY)
+    ctx.cluster.emit_event(ClusterEvent(node, "KmendValidated", f"kmend plan {plan.id}: {node} passed the health "
+                                        "check and takes work", "Normal", key=step.id))
+    return done(f"{node} validated: {UNVALIDATED_TAINT_KEY} removed")
+
+
 RUNNERS = {
     StepKind.CORDON: cordon,
     StepKind.TAINT: taint,
@@ -109,5 +123,6 @@ RUNNERS = {
     StepKind.EVENT: event,
     StepKind.NOTIFY: notify,
     StepKind.RETURN: return_to_pool,
+    StepKind.ACCEPT: accept,
 }
 """Runners of the node steps by kind."""

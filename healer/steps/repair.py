@@ -53,11 +53,17 @@ def repair(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     return waiting(f"waiting for {who} to {kind.replace('_', ' ')} {node} (request {req.id})", **out)
 
 
+CHECK_DEFAULTS = {"dcgm_level": "2", "nccl_min_busbw_gbps": "0", "ib_loopback": "false"}
+"""Health-check settings a template may use, and their values when a step does not set them."""
+
+
 def render_health_check(template: str, *, name: str, namespace: str, node: str, image: str,
-                        plan: str) -> dict[str, Any]:
+                        plan: str, checks: dict[str, str] | None = None) -> dict[str, Any]:
     """The validation Job for a node, from the template in deploy/healthcheck/."""
     text = template
-    for k, v in {"name": name, "namespace": namespace, "node": node, "image": image, "plan": plan}.items():
+    values = {**CHECK_DEFAULTS, **(checks or {}), "name": name, "namespace": namespace, "node": node,
+              "image": image, "plan": plan}
+    for k, v in values.items():
         text = text.replace("{{" + k + "}}", v)
     manifest = yaml.safe_load(text)
     if not isinstance(manifest, dict) or manifest.get("kind") != "Job":
@@ -76,7 +82,8 @@ def validate(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     obj = ctx.workloads.get_object(key)
     if obj is None:
         manifest = render_health_check(ctx.health_check_template, name=name, namespace=ctx.namespace, node=node,
-                                       image=step.params.get("image", ""), plan=plan.id)
+                                       image=step.params.get("image", ""), plan=plan.id,
+                                       checks={k: step.params[k] for k in CHECK_DEFAULTS if k in step.params})
         ctx.workloads.create_object(key, manifest)
         obj = ctx.workloads.get_object(key) or {}
     status = obj.get("status", {})

@@ -6,7 +6,7 @@ dry-run buttons; spares; the breaker; the audit log. No JavaScript is needed to 
 
 Access: with no tokens configured (loopback development) anyone who reaches the port may view and
 act, as with the API. Otherwise the login form takes a token, kept in an HttpOnly, SameSite=Strict
-cookie: the operator token views and acts, the collectors' ingest token only views. Every form
+cookie: the operator token views and acts, the read-only token (KMEND_READER_TOKEN) only views. Every form
 carries a token derived from the cookie (CSRF) and every action is audited under the name given
 at login.
 """
@@ -39,14 +39,15 @@ OPEN_STATES = (IncidentState.OPEN, IncidentState.REMEDIATING)
 def _role(settings: Settings, token: str | None) -> str | None:
     """``operator``, ``viewer`` or None (no access) for the cookie's token."""
     op = settings.operator_token.get_secret_value() if settings.operator_token else None
+    reader = settings.reader_token.get_secret_value() if settings.reader_token else None
     ing = settings.ingest_token.get_secret_value() if settings.ingest_token else None
-    if op is None and ing is None:
-        return "operator"  # no tokens: a loopback development server, as the API itself
+    if op is None and reader is None and ing is None:
+        return "operator"  # no tokens: a loopback-only development server, as the API itself
     if token and op and hmac.compare_digest(token.encode(), op.encode()):
         return "operator"
-    if token and ing and hmac.compare_digest(token.encode(), ing.encode()):
+    if token and reader and hmac.compare_digest(token.encode(), reader.encode()):
         return "viewer"
-    return None
+    return None  # the collectors' ingest token opens nothing here
 
 
 def _csrf(token: str | None) -> str:

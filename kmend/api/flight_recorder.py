@@ -7,19 +7,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from analyzer.detectors.flight_recorder import DumpError
+from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
-from kmend.api.signals import read_body
+from kmend.api.signals import REJECTED, read_body
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 
 
 @router.post("/flight-recorder", dependencies=[IngestAuth], status_code=202,
-             responses={400: {"description": "not a readable Flight Recorder dump"}})
+             responses={400: REJECTED, 413: REJECTED, 422: REJECTED})
 async def ingest_flight_recorder(
     request: Request, kmend: KmendDep, settings: SettingsDep,
-    job: Annotated[str, Query(min_length=1, max_length=253)],
-    rank: Annotated[int, Query(ge=0)],
-    node: Annotated[str, Query(min_length=1, max_length=253)],
+    job: Annotated[str, Query(min_length=1, max_length=253, pattern=r"^[^\x00]+$")],
+    rank: Annotated[int, Query(ge=0, lt=2**31)],
+    node: Annotated[str, Query(min_length=1, max_length=MAX_NODE_NAME, pattern=NODE_NAME_PATTERN)],
 ) -> Any:
     """Accept the dump a rank wrote on a collective timeout (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``).
 

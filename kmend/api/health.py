@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kmend.api.deps import KmendDep
+from kmend.api.deps import KmendDep, ReadAuth
 
 router = APIRouter(tags=["ops"])
 
@@ -25,7 +25,7 @@ def readyz(kmend: KmendDep, response: Response) -> dict[str, object]:
     return {"status": "ok" if ok else "unavailable", "database": db, "rules": len(kmend.rules)}
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[ReadAuth])
 def metrics(kmend: KmendDep) -> Response:
     """Prometheus exposition."""
     kmend.node_health()  # refreshes the quarantined-nodes gauge

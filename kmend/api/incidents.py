@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query
 
 from analyzer.records import IncidentState
-from kmend.api.deps import KmendDep
+from kmend.api.deps import KmendDep, ReadAuth
 
-router = APIRouter(prefix="/v1/incidents", tags=["incidents"])
+router = APIRouter(prefix="/v1/incidents", tags=["incidents"], dependencies=[ReadAuth])
 
 
 @router.get("")

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from healer.cluster import NotFoundError
 from healer.steps.base import RepairRequest
-from kmend.api.deps import AgentOrOperatorAuth, KmendDep, OperatorAuth, OperatorDep
+from kmend.api.deps import AgentOrOperatorAuth, KmendDep, OperatorAuth, OperatorDep, ReadAuth
 from kmend.serialize import plan_to_dict
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
@@ -33,7 +33,7 @@ def _request(r: RepairRequest) -> dict[str, Any]:
             "result": r.result}
 
 
-@router.get("")
+@router.get("", dependencies=[ReadAuth])
 def list_nodes(kmend: KmendDep) -> dict[str, Any]:
     """Every node with kmend's view of its health."""
     return {"nodes": kmend.node_health()}

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from collector.signal import Signal
+from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN, bound_time
 from collector.wire import SignalBatch, to_record
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
+from kmend.service import Kmend
+from kmend.settings import Settings
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """Request body, gunzipped when sent with Content-Encoding: gzip, bounded in size."""
+    """Request body, gunzipped when sent with Content-Encoding: gzip, bounded in size.
+
+    The raw body is already bounded by the BodyLimit middleware; gzip is inflated at most
+    `limit` + 1 bytes, so a small bomb never expands in memory past the limit.
+    """
     raw = await request.body()
     if request.headers.get("content-encoding", "").lower() == "gzip":
         try:
@@ -25,9 +33,32 @@ async def read_body(request: Request, limit: int) -> bytes:
             raw = d.decompress(raw, limit + 1)
         except (zlib.error, gzip.BadGzipFile) as exc:
             raise HTTPException(400, f"body is not valid gzip: {exc}") from exc
+        if len(raw) <= limit and not d.eof:
+            raise HTTPException(400, "body is not valid gzip: truncated stream")
     if len(raw) > limit:
-        raise HTTPException(413, f"batch larger than {limit} bytes")
+        raise HTTPException(413, f"batch larger than {limit} bytes (setting KMEND_MAX_BATCH_BYTES)")
     return raw
+
+
+def server_timed(signals: list[Signal], kmend: Kmend, settings: Settings) -> list[Signal]:
+    """Signals with times no further ahead of the server's clock than the skew window (sent time kept)."""
+    now = kmend.clock()
+    return [bound_time(s, now, settings.max_clock_skew_s) for s in signals]
+
+
+NodeQuery = Annotated[str | None, Query(description="node for records that name none (a Kubernetes node name)",
+                                        min_length=1, max_length=MAX_NODE_NAME, pattern=NODE_NAME_PATTERN)]
+"""The ``node`` query parameter: checked (and documented) as a Kubernetes node name."""
+
+
+class Rejected(BaseModel):
+    """A refused request: ``detail`` names the field (text), or is FastAPI's list of validation errors."""
+
+    detail: str | list[dict[str, Any]]
+    errors: list[dict[str, Any]] = []
+
+
+REJECTED = {"model": Rejected, "description": "refused; the detail names the field"}
 
 
 def validation_response(exc: ValidationError) -> JSONResponse:
@@ -41,7 +72,7 @@ def validation_response(exc: ValidationError) -> JSONResponse:
     })
 
 
-@router.post("/signals", dependencies=[IngestAuth], responses={422: {"description": "malformed batch"}})
+@router.post("/signals", dependencies=[IngestAuth], responses={400: REJECTED, 413: REJECTED, 422: REJECTED})
 async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDep) -> Any:
     """Store and analyze a batch of signals. Repeated ids are accepted and ignored."""
     body = await read_body(request, settings.max_batch_bytes)
@@ -50,7 +81,7 @@ async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDe
     except ValidationError as exc:
         kmend.metrics.rejected.inc()
         return validation_response(exc)
-    outcome = kmend.ingest([to_record(s) for s in batch.signals])
+    outcome = kmend.ingest(server_timed([to_record(s) for s in batch.signals], kmend, settings))
     return {
         "accepted": outcome.accepted,
         "duplicates": outcome.duplicates,

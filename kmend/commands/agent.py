@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import socket
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
@@ -29,17 +33,20 @@ from collector.gpu_reset import GpuResetHandler, load_reset_nvml
 from collector.httpserver import start_status_server
 from collector.metrics import AgentMetrics
 from collector.node_requests import HttpNodeRequestClient, NodeRequestRunner, RequestHandler, RequestJournal
-from collector.podmeta import KubeApiPodMetadata
+from collector.podmeta import FilePodMetadata, KubeApiPodMetadata, PodMetadataProvider
 from collector.prefilter import RegexPrefilter
 from collector.progress_file import ProgressFileSource
 from collector.shipper import Shipper
+from collector.signal import LogLine, Signal
 from collector.sources.base import SignalSource
 from collector.sources.cri import CriLogSource
 from collector.sources.dcgm import DcgmSource, http_fetcher
 from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
-from collector.spool import DiskSpool
+from collector.spool import DiskSpool, Value
+from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder
+from collector.validate import node_name_problem
 from healer.checkpoints import discover_json
 from kmend.errors import ConfigError, from_validation
 
@@ -85,14 +92,29 @@ class AgentSettings(BaseSettings):
                                                         "of the training pods, a hostPath)")
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
     node_requests: bool = Field(True, description="poll the service for GPU resets and checkpoint searches")
-    request_interval: float = Field(10.0, gt=0, description="seconds between polls of the node's requests")
+    request_interval: float = Field(5.0, gt=0, description="seconds between polls of the node's requests (GPU "
+                                                           "resets, checkpoint searches, stack dumps on a hang)")
     gpu_reset: bool = Field(True, description="carry out GPU resets (needs NVML, nvidia-smi and root)")
     nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi binary used for --gpu-reset")
     gpu_idle_timeout_s: float = Field(600.0, gt=0, description="how long a reset waits for the GPU to go idle")
     proc_root: Path = Field(Path("/proc"), description="the host's /proc (hostPID): pods' filesystems are read "
                                                        "through /proc/<pid>/root")
+    pod_labels_file: Path | None = Field(None, description="JSON or YAML file mapping 'namespace/pod' (or 'pod') to "
+                                                           "its labels, for nodes without API access")
+    job: str | None = Field(None, description="job name for every pod on this node (off-cluster, one job per node)")
+    stacks: bool = Field(True, description="answer the service's stack_dump requests with py-spy (needs host PID "
+                                           "namespace and SYS_PTRACE)")
+    py_spy: str = Field("py-spy", description="py-spy executable (name on PATH or path)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
+
+    @field_validator("node")
+    @classmethod
+    def _kubernetes_node_name(cls, node: str) -> str:
+        # The service refuses every batch from a node name Kubernetes could not have: say so at start.
+        if (why := node_name_problem(node)) is not None:
+            raise ValueError(f"{node[:80]!r} {why} (set NODE_NAME or KMEND_AGENT_NODE to the node's name)")
+        return node
 
     def bearer(self) -> str | None:
         """The token, from the file when one is given (re-read at start)."""
@@ -123,6 +145,43 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
                           + list(settings.prefilter_extra))
 
 
+def build_value_of(settings: AgentSettings) -> Callable[[Signal], Value]:
+    """What a signal is worth keeping through an outage: lines a cause rule matches (an Xid) over lines
+    other fault rules match (the symptoms), over everything else (progress lines, metrics)."""
+    rules = load_rules(settings.rules_dirs)
+    causes = RegexPrefilter([r.pattern for r in rules if not r.symptom_of], use_hyperscan=False)
+    faults = RegexPrefilter([r.pattern for r in rules if r.symptom_of], use_hyperscan=False)
+
+    def value_of(sig: Signal) -> Value:
+        text = sig.payload.text if isinstance(sig.payload, LogLine) else None
+        if text is None:
+            return Value.TELEMETRY
+        if causes.matches(text):
+            return Value.CAUSE
+        return Value.SYMPTOM if faults.matches(text) else Value.TELEMETRY
+
+    return value_of
+
+
+def pod_metadata(settings: AgentSettings) -> PodMetadataProvider | None:
+    """Where pod labels come from: the labels file when given, else the API server in a cluster.
+
+    Without either, job and rank come from the pod name and the lines' rank prefixes.
+    """
+    if settings.pod_labels_file is not None:
+        try:
+            return FilePodMetadata(settings.pod_labels_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"KMEND_AGENT_POD_LABELS_FILE={str(settings.pod_labels_file)!r} (--pod-labels-file): "
+                              f"{exc}") from None
+    return KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
+
+
+def _py_spy(name: str) -> str | None:
+    # Installed with kmend, py-spy sits beside the interpreter even when that directory is not on PATH.
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+
+
 def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None) -> Agent:
     """An agent for these settings, resuming from the checkpoint in ``state_dir``."""
     metrics = metrics or AgentMetrics()
@@ -133,9 +192,9 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     prefilter = build_prefilter(settings)
     node = settings.node
     sources: list[SignalSource] = []
-    meta = KubeApiPodMetadata.in_cluster() if settings.pod_labels else None
+    meta = pod_metadata(settings)
     sources.append(CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta, prefilter=prefilter,
-                                resume=checkpoints.section("container")))
+                                resume=checkpoints.section("container"), job=settings.job))
     if settings.kernel == "kmsg":
         try:
             sources.append(KmsgSource(node=node, path=settings.kmsg_path, boot_id_path=settings.boot_id_path,
@@ -147,7 +206,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                                      prefilter=prefilter))
     if settings.progress_dir is not None:
         # Added even before the directory exists: the first training pod creates it.
-        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress")))
+        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress"),
+                                          pod_metadata=meta, job=settings.job))
     if settings.flight_recorder_dir is not None:
         uploader = HttpDumpUploader(settings.service_url, token=settings.bearer())
         sources.append(FlightRecorderSource(node=node, root=settings.flight_recorder_dir, uploader=uploader,
@@ -164,7 +224,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
         sources.append(DcgmSource(node=node, fetch=http_fetcher(settings.dcgm_url),
                                   interval=settings.metrics_interval))
     spool = DiskSpool(settings.state_dir / "spool", max_bytes=settings.spool_max_bytes)
-    shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics)
+    shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics,
+                      value_of=build_value_of(settings))
     log.info("agent on %s: sources %s, prefilter %s", node, [s.name for s in sources],
              prefilter.engine if prefilter else "off")
     return Agent(sources=sources, shipper=shipper, checkpoints=checkpoints, metrics=metrics,
@@ -187,6 +248,16 @@ def build_request_runner(settings: AgentSettings) -> NodeRequestRunner | None:
         except Exception as exc:
             log.info("GPU reset not offered on this node (NVML unavailable: %s)", exc)
     handlers["find_checkpoint"] = FindCheckpointHandler(proc_root=settings.proc_root, discover=discover_json)
+    if settings.stacks:
+        binary = _py_spy(settings.py_spy)
+        if binary is None:
+            log.warning("py-spy not found (%s): stack_dump requests are not answered", settings.py_spy)
+        else:
+            finder = ProcessFinder(proc_root=settings.proc_root, pods_root=settings.pods_root,
+                                   pod_metadata=pod_metadata(settings))
+            handlers["stack_dump"] = StackRequestResponder(url=settings.service_url, node=settings.node,
+                                                           finder=finder, dumper=PySpyDumper(binary),
+                                                           token=settings.bearer(), clock=time.monotonic)
     client = HttpNodeRequestClient(settings.service_url, token=settings.bearer())
     return NodeRequestRunner(node=settings.node, client=client, interval=settings.request_interval,
                              journal=RequestJournal(settings.state_dir / "requests.json"), handlers=handlers)
@@ -209,6 +280,8 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--dcgm-url", {"help": "DCGM exporter /metrics URL"}),
     ("--flight-recorder-dir", {"type": Path, "help": "Flight Recorder dumps to upload"}),
     ("--progress-dir", {"type": Path, "help": "report_step progress files (KMEND_AGENT_PROGRESS_DIR)"}),
+    ("--pod-labels-file", {"type": Path, "help": "JSON/YAML: 'namespace/pod' -> labels (off-cluster job and rank)"}),
+    ("--job", {"help": "job name of every pod on this node (default: from labels or the pod name)"}),
     ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
     ("--status-port", {"type": int, "help": "port of /metrics and /healthz (0: off)"}),
     ("--status-host", {"help": "address of /metrics and /healthz"}),
@@ -216,6 +289,7 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--nvidia-smi", {"help": "nvidia-smi binary for GPU resets"}),
     ("--gpu-idle-timeout-s", {"type": float, "help": "how long a GPU reset waits for the GPU to go idle"}),
     ("--proc-root", {"type": Path, "help": "the host's /proc (pods' filesystems for checkpoint searches)"}),
+    ("--py-spy", {"help": "py-spy executable for stack dumps on a suspected hang"}),
 )
 
 
@@ -233,13 +307,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="do not poll for GPU resets and checkpoint searches")
     p.add_argument("--no-gpu-reset", dest="gpu_reset", action="store_false", default=None,
                    help="never reset a GPU on this node")
+    p.add_argument("--no-stacks", dest="stacks", action="store_false", default=None,
+                   help="do not capture Python stacks of training processes on a suspected hang")
     p.set_defaults(func=run)
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
     """Environment first, flags override."""
     keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels",
-                                                                    "node_requests", "gpu_reset"]
+                                                                    "node_requests", "gpu_reset", "stacks"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     try:
         return AgentSettings(**overrides)

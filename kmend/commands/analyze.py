@@ -16,6 +16,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     p.add_argument("--node", help="node name for files whose path does not say")
     p.add_argument("--job", help="job name (default: derived from the pod name)")
+    p.add_argument("--pod-labels-file", type=Path, metavar="PATH",
+                   help="JSON/YAML mapping 'namespace/pod' to labels (job and rank, as `kmend agent` reads it)")
     p.add_argument("--rules", action="append", type=Path, metavar="PATH",
                    help="rule pack file or directory (repeatable; default: the shipped packs)")
     p.add_argument("--window", type=float, default=None, metavar="SECONDS",

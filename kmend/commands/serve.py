@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from kmend.app import create_app
+    from kmend.wiring import listen_host, make_token_reviewer
 
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "database_url": args.database_url,
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings(**overrides)
     except ValidationError as exc:
         raise from_validation(exc, prefix="KMEND_", flags={k: "--" + k.replace("_", "-") for k in overrides}) from None
+    host = listen_host(settings)  # loopback only (and a loud warning) while no token is configured
     kmend = build_service(settings)
-    app = create_app(kmend, settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    app = create_app(kmend, settings, token_reviewer=make_token_reviewer(settings))
+    uvicorn.run(app, host=host, port=settings.port, log_level="info")
     return 0

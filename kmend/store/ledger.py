@@ -17,6 +17,8 @@ from healer.safety import BreakerState
 from healer.steps.base import RepairRequest
 from kmend.store import schema
 
+ACCEPTANCE_ID = "plan-accept-"
+"""Id prefix of acceptance plans (healer.acceptance)."""
 BREAKER = "quarantine"
 """Name of the one breaker row."""
 
@@ -70,8 +72,9 @@ class Ledger:
 
     def plans_started_since(self, since: float, *, exclude_plan: str) -> int:
         p = schema.plans
+        # Health checks of new nodes do not use up the incidents' budget (a fleet grows by racks).
         q = select(func.count()).select_from(p).where(p.c.started_at >= since, p.c.id != exclude_plan,
-                                                      p.c.node.is_not(None))
+                                                      p.c.node.is_not(None), ~p.c.id.startswith(ACCEPTANCE_ID))
         with self.engine.connect() as conn:
             return int(conn.execute(q).scalar_one())
 

@@ -156,7 +156,8 @@ class Store:
     def _insert_new(self, conn: Connection, sigs: list[Signal]) -> set[str]:
         if not sigs:
             return set()
-        rows = [{"id": s.id, "node": s.node, "source": s.source.value, "ts": s.ts, "body": to_wire(s)}
+        rows = [{"id": s.id, "node": s.node, "source": s.source.value, "ts": s.ts,
+                 "body": to_wire(s) if s.sent_ts is None else to_wire(s) | {"sent_ts": s.sent_ts}}
                 for s in sigs]
         new: set[str] = set()
         for i in range(0, len(rows), 2000):

@@ -62,7 +62,7 @@ def _sim() -> Iterator[Env]:
 def _kube_fake() -> Iterator[Env]:
     from kubernetes import client
 
-    from healer.kube_workloads import KubeWorkloads
+    from healer.kube.workloads import KubeWorkloads
 
     with FakeApiServer() as api:
         api.add_node("contract-node")
@@ -97,7 +97,7 @@ def _kube() -> Iterator[Env]:
         pytest.skip("KMEND_TEST_KUBECONFIG is not set: no real cluster to run the contract on")
     from kubernetes import client, config
 
-    from healer.kube_workloads import KubeWorkloads
+    from healer.kube.workloads import KubeWorkloads
 
     cfg = client.Configuration()
     config.load_kube_config(config_file=path, client_configuration=cfg)
@@ -253,3 +253,16 @@ def test_pods_carry_their_owner(env: Env) -> None:
     pods = {p.name: p for p in env.workloads.list_pods(namespace=env.namespace, selector={"app": "train"})}
     assert pods["owned-1"].controller == OwnerRef("kubeflow.org/v1", "PyTorchJob", "llama", True)
     assert pods["owned-0"].controller is None
+
+
+def test_the_jobs_bound_to_a_node_now_are_listed_across_namespaces(env: Env) -> None:
+    from healer.jobs import jobs_bound
+
+    env.make_pod("llama-0", {"training.kubeflow.org/job-name": "llama"})
+    env.make_pod("old-0", {"training.kubeflow.org/job-name": "old-run"})
+    env.make_pending_pod("queued-0", {"training.kubeflow.org/job-name": "queued"})
+    assert jobs_bound(env.workloads.list_pods(node=env.node)) == ["llama", "old-run"]
+    env.workloads.delete_pod(env.namespace, "old-0", 30)  # terminating: no longer the node's job
+    assert jobs_bound(env.workloads.list_pods(node=env.node)) == ["llama"]
+    env.finish("old-0")
+    assert jobs_bound(env.workloads.list_pods(node="another-node")) == []

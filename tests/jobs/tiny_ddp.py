@@ -5,9 +5,12 @@ all-reduce and the optimizer step; the step is also reported through kmend's
 progress hook with its compute and communication-wait phases. Behaviour is set by
 environment variables: KMEND_TEST_SLOW_RANK/KMEND_TEST_SLOW_S (that rank sleeps in
 compute every step), KMEND_TEST_HANG_RANK/KMEND_TEST_HANG_STEP (that rank blocks
-before that step), KMEND_TEST_STEPS, KMEND_TEST_GLOO_TIMEOUT_S, KMEND_TEST_LOG_DIR
-(per-rank log files, as a container log would hold them) and KMEND_TEST_FR_DIR
-(Flight Recorder dumps written when a collective fails).
+before that step; with KMEND_TEST_HANG_WHERE=collective it logs the step first and
+blocks before the gradient all-reduce, so every rank logs the same last step and the
+others wait inside it), KMEND_TEST_STEPS, KMEND_TEST_GLOO_TIMEOUT_S,
+KMEND_TEST_LOG_DIR (per-rank log files, as a container log would hold them),
+KMEND_TEST_FR_DIR (Flight Recorder dumps written when a collective fails) and
+KMEND_TEST_FINISH (call the hook's ``finish()`` after the last step).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from collector.progress_hook import report_step
+from collector.progress_hook import finish, report_step
 
 
 def main() -> None:
@@ -37,10 +40,11 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     slow_rank, slow_s = int(env.get("KMEND_TEST_SLOW_RANK", "-1")), float(env.get("KMEND_TEST_SLOW_S", "0"))
     hang_rank, hang_step = int(env.get("KMEND_TEST_HANG_RANK", "-1")), int(env.get("KMEND_TEST_HANG_STEP", "-1"))
+    in_collective = env.get("KMEND_TEST_HANG_WHERE") == "collective"
     try:
         last = time.monotonic()
         for step in range(1, int(env["KMEND_TEST_STEPS"]) + 1):
-            if rank == hang_rank and step == hang_step:
+            if rank == hang_rank and step == hang_step and not in_collective:
                 time.sleep(3600)  # stuck before its next collective (a data loader that never returns)
             t0 = time.monotonic()
             x = torch.randn(1024, 256)
@@ -51,6 +55,8 @@ def main() -> None:
                 time.sleep(slow_s)
             compute = time.monotonic() - t0
             log.write(f"step {step} loss {loss.item():.4f} step_time={time.monotonic() - last:.4f}\n")
+            if rank == hang_rank and step == hang_step and in_collective:
+                time.sleep(3600)  # its peers are already inside the all-reduce below
             t1 = time.monotonic()
             for p in model.parameters():
                 dist.all_reduce(p.grad)
@@ -68,6 +74,8 @@ def main() -> None:
             (Path(fr_dir) / f"rank{rank}").write_bytes(_dump_fr_trace())
         log.close()
         sys.exit(1)
+    if env.get("KMEND_TEST_FINISH"):
+        finish()
     log.close()
     dist.destroy_process_group()
 

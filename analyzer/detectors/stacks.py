@@ -1,0 +1,150 @@
+"""Python stack dumps of a stalled job's ranks (``py-spy dump``): which rank is not where the others wait.
+
+In a synchronous job that stopped, every healthy rank sits in a collective (an
+all-reduce in ``torch.distributed``, or DDP's gradient sync inside ``backward``)
+waiting for the one that never arrived; that one is somewhere else: a data
+loader, a deadlocked lock, a sleep, its own code. The node agent captures the
+stacks when the service suspects a hang; they arrive here as text, are kept as
+evidence (the operator sees where each rank is stuck) and, once they settle,
+name the ranks outside the collective.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from analyzer.detectors import HANG_CAUSES
+from analyzer.records import Action, FaultClass, Finding, Location, Severity
+
+DETECTOR_ID = "stack-dump"
+MAX_STACK_CHARS = 16384
+"""Longer dumps are cut (a process with hundreds of threads); the main thread comes first."""
+
+MAX_WAIT_S = 3600.0
+"""Stacks of a job that is neither called hung nor progressing this long after are dropped."""
+
+_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
+_THREAD = re.compile(r'^Thread (?P<id>\S+) \((?P<state>[^)]*)\): "(?P<name>[^"]*)"')
+_COLLECTIVE_FILES = ("torch/distributed/", "torch/autograd/", "deepspeed/comm/", "torch/cuda/")
+"""Where a rank waits for its peers: c10d collectives, DDP's sync inside backward, DeepSpeed's comm, CUDA sync."""
+_COLLECTIVE_FUNCS = frozenset({"all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "reduce_scatter",
+                               "all_to_all", "backward", "synchronize", "_engine_run_backward", "wait"})
+
+
+@dataclass(frozen=True, slots=True)
+class StackSample:
+    """One rank's Python stack, as ``py-spy dump`` printed it."""
+
+    rank: int
+    """Global rank of the process."""
+    node: str
+    """Node it runs on."""
+    pid: int
+    """Process id on that node."""
+    text: str
+    """The dump (py-spy's text output)."""
+    source: str = ""
+    """Evidence id."""
+
+
+def main_frames(text: str) -> list[str]:
+    """The frames (innermost first) of the main thread, else of the first thread, as ``func (file:line)``."""
+    threads: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        t = _THREAD.match(line)
+        if t:
+            threads.append((t.group("name"), []))
+            continue
+        f = _FRAME.match(line)
+        if f and threads:
+            threads[-1][1].append(line.strip())
+    if not threads:
+        return []
+    main = [fr for name, fr in threads if name == "MainThread"]
+    return main[0] if main else threads[0][1]
+
+
+def in_collective(frames: list[str]) -> bool:
+    """Whether a thread with these frames is waiting on its peers."""
+    for fr in frames:
+        m = _FRAME.match("    " + fr)
+        if m is None:
+            continue
+        func, file = m.group("func"), m.group("file")
+        if any(k in file for k in _COLLECTIVE_FILES) and (func in _COLLECTIVE_FUNCS or "torch/distributed/" in file):
+            return True
+    return False
+
+
+class StackDetector:
+    """Keeps a job's stack dumps as they arrive and judges them once they settle."""
+
+    id = DETECTOR_ID
+
+    def __init__(self, *, settle_s: float = 3.0) -> None:
+        self.settle_s = settle_s
+        self._stacks: dict[str, dict[int, StackSample]] = {}
+        self._last: dict[str, float] = {}
+        self._expected: dict[str, int] = {}
+
+    def add(self, job: str, sample: StackSample, ts: float, *, ranks: int = 0) -> None:
+        """Keep one rank's stack (a newer one of the same rank replaces it); `ranks`: how many the job has."""
+        self._stacks.setdefault(job, {})[sample.rank] = sample
+        self._last[job] = max(self._last.get(job, ts), ts)
+        if ranks:
+            self._expected[job] = ranks
+
+    def evaluate(self, now: float, hung: Callable[[str, float], bool | None]) -> list[Finding]:
+        """Findings for jobs whose stacks settled (stopped arriving `settle_s` ago, or all in) and that hang.
+
+        Stacks are asked for when a job is only suspected: they become a finding once
+        `hung(job, since)` says the stall was called a hang, and are dropped when it says
+        the job made progress after they were taken (None: not decided yet).
+        """
+        out: list[Finding] = []
+        for job in list(self._stacks):
+            got = self._stacks[job]
+            complete = len(got) >= self._expected.get(job, 1 << 30)
+            if not complete and now - self._last[job] < self.settle_s:
+                continue
+            verdict = hung(job, self._last[job])
+            if verdict is None and now - self._last[job] < MAX_WAIT_S:
+                continue
+            del self._stacks[job]
+            self._expected.pop(job, None)
+            last = self._last.pop(job)
+            if verdict:
+                out.append(self._finding(job, got, max(now, last)))
+        return out
+
+    def _finding(self, job: str, stacks: Mapping[int, StackSample], ts: float) -> Finding:
+        frames = {r: main_frames(s.text) for r, s in stacks.items()}
+        waiting = sorted(r for r, fr in frames.items() if in_collective(fr))
+        elsewhere = sorted(r for r in frames if r not in waiting)
+        culprits = elsewhere if waiting and len(elsewhere) * 2 <= len(frames) else []
+        summary = "; ".join(f"{r}: {fr[0] if fr else '?'}" for r, fr in sorted(frames.items())[:32])
+        fields = {"ranks_dumped": ",".join(map(str, sorted(frames)[:64])),
+                  "waiting_in_collective": ",".join(map(str, waiting[:64])),
+                  "elsewhere": ",".join(map(str, elsewhere[:64])), "innermost_frames": summary[:4000]}
+        where = Location(job=job)
+        if culprits:
+            s = stacks[culprits[0]]
+            where = Location(node=s.node, rank=s.rank, job=job)
+            fields["culprit_rank"] = str(s.rank)
+            fields["culprit_stack"] = s.text[:MAX_STACK_CHARS]
+            top = frames[s.rank][0] if frames[s.rank] else "no Python frame"
+            msg = (f"job {job}: rank {s.rank} on {s.node} is not in a collective (at {top}) while "
+                   f"rank(s) {','.join(map(str, waiting[:8]))} wait in one")
+        else:
+            first = min(stacks)
+            fields["example_stack"] = stacks[first].text[:MAX_STACK_CHARS]
+            how = "every rank waits in a collective" if waiting and not elsewhere else "no rank stands out"
+            msg = f"job {job}: stacks of {len(stacks)} rank(s): {how}"
+        return Finding(
+            id=f"{DETECTOR_ID}:{job}:{ts:.3f}", ts=ts, fault_class=FaultClass.HANG, severity=Severity.ERROR,
+            hardware=False, where=where, rule_id=DETECTOR_ID, recommended_action=Action.RESTART_JOB,
+            evidence=tuple(s.source for s in stacks.values() if s.source), message=msg,
+            symptom_of=HANG_CAUSES, fields=fields,
+        )

@@ -1,0 +1,275 @@
+"""Evidence from a stuck job's processes: Python stacks (``py-spy dump``) and a Flight Recorder dump on demand.
+
+When the service suspects a hang it opens a ``stack_dump`` request for each node of
+the job (``GET /v1/nodes/{node}/requests``). The agent answers while the job is
+still stuck, before any plan restarts it:
+
+- it finds the job's training processes on the node: processes whose environment
+  has ``RANK`` (torchrun, DeepSpeed and Lightning launchers set it) and whose job
+  is the requested one: by pod labels (cgroup pod UID -> ``/var/log/pods`` dir ->
+  pod metadata), else ``KMEND_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID``. A
+  DataLoader worker inherits its parent's ``RANK``; only the topmost process of a
+  rank is dumped;
+- it runs ``py-spy dump --pid`` on each (the agent needs host PID namespace and
+  ``SYS_PTRACE``) and posts the text to ``POST /v1/stacks``;
+- where the process set ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (with
+  ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0), ProcessGroupNCCL reads the FIFO
+  ``<value><rank>.pipe``; writing to it makes the rank write its Flight Recorder
+  dump to ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``, which the Flight Recorder
+  source uploads. The FIFO is reached through ``/proc/<pid>/root``.
+
+Then it answers the request ``done`` (or ``failed``, with why).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from collector.node_requests import Answer, NodeRequest
+from collector.podmeta import PodMetadataProvider, job_and_rank
+from collector.sources.base import Clock, Poll
+
+log = logging.getLogger(__name__)
+
+KIND = "stack_dump"
+"""Request kind the service opens on a suspected hang."""
+MAX_STACK_BYTES = 256 * 1024
+"""Larger dumps are cut before upload (the service caps them too)."""
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingProcess:
+    """One rank's process as seen from the host."""
+
+    pid: int
+    """Host PID."""
+    rank: int
+    """Global rank (``RANK``)."""
+    job: str | None
+    """Training job, when its pod labels or environment tell it."""
+    pipe: str | None
+    """Path (inside the process's root) of its Flight Recorder trigger FIFO, when configured."""
+
+
+def _environ(proc: Path) -> dict[str, str] | None:
+    try:
+        raw = (proc / "environ").read_bytes()
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def _ppid(proc: Path) -> int:
+    try:
+        stat = (proc / "stat").read_text()
+    except OSError:
+        return 0
+    # The command name may hold spaces and parentheses: fields start after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+class ProcessFinder:
+    """Training processes on this node (``/proc`` and the pod log root injected)."""
+
+    def __init__(self, *, proc_root: Path = Path("/proc"), pods_root: Path | None = Path("/var/log/pods"),
+                 pod_metadata: PodMetadataProvider | None = None) -> None:
+        self.proc_root = proc_root
+        self.pods_root = pods_root
+        self.pod_metadata = pod_metadata
+
+    def _job_of_pod(self, proc: Path) -> str | None:
+        if self.pod_metadata is None or self.pods_root is None:
+            return None
+        try:
+            m = _POD_UID.search((proc / "cgroup").read_text())
+        except OSError:
+            return None
+        if m is None:
+            return None
+        uid = m.group(1).replace("_", "-")  # the systemd cgroup driver writes the UID with underscores
+        try:
+            dirs = [d for d in os.listdir(self.pods_root) if d.endswith("_" + uid)]
+        except OSError:
+            return None
+        if not dirs:
+            return None
+        ns, pod, _ = dirs[0].split("_", 2)
+        try:
+            labels = self.pod_metadata.labels(ns, pod, uid)
+        except Exception:
+            return None
+        return job_and_rank(labels)[0] if labels else None
+
+    def find(self) -> list[TrainingProcess]:
+        """The topmost process of each rank (a DataLoader worker shares its parent's ``RANK``)."""
+        found: dict[int, tuple[int, Mapping[str, str], Path]] = {}
+        for entry in os.listdir(self.proc_root):
+            if not entry.isdigit():
+                continue
+            proc = self.proc_root / entry
+            env = _environ(proc)
+            if not env or not env.get("RANK", "").isdigit() or "WORLD_SIZE" not in env:
+                continue
+            found[int(entry)] = (int(env["RANK"]), env, proc)
+        out = []
+        for pid, (rank, penv, proc) in sorted(found.items()):
+            parent = found.get(_ppid(proc))
+            if parent is not None and parent[0] == rank:
+                continue
+            job = self._job_of_pod(proc) or penv.get("KMEND_JOB") or penv.get("TORCHELASTIC_RUN_ID")
+            pipe = penv.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+            out.append(TrainingProcess(pid=pid, rank=rank, job=job, pipe=f"{pipe}{rank}.pipe" if pipe else None))
+        return out
+
+
+class StackDumper(Protocol):
+    """Captures one process's Python stack.
+
+    Guarantees: returns the dump's text, or raises ``RuntimeError`` with why it could not.
+    """
+
+    def dump(self, pid: int) -> str:
+        """The stack of every thread of `pid`, as text."""
+        ...
+
+
+class PySpyDumper:
+    """``py-spy dump --pid`` (the process is paused for the few milliseconds it takes)."""
+
+    def __init__(self, binary: str = "py-spy", *, timeout_s: float = 20.0) -> None:
+        self.binary = binary
+        self.timeout_s = timeout_s
+
+    def dump(self, pid: int) -> str:
+        """The stack of every thread of `pid`, as text."""
+        try:
+            done = subprocess.run([self.binary, "dump", "--pid", str(pid)], capture_output=True,
+                                  timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RuntimeError(f"py-spy failed on pid {pid}: {exc}") from exc
+        if done.returncode != 0:
+            raise RuntimeError(f"py-spy failed on pid {pid}: {done.stderr.decode(errors='replace')[:300]}")
+        return done.stdout.decode(errors="replace")
+
+
+def poke_flight_recorder(proc_root: Path, pid: int, pipe: str) -> bool:
+    """Ask a rank for its Flight Recorder dump through its FIFO; False when nobody reads it."""
+    path = proc_root / str(pid) / "root" / pipe.lstrip("/")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno not in (errno.ENXIO, errno.ENOENT):
+            log.warning("cannot open Flight Recorder pipe %s: %s", path, exc)
+        return False
+    try:
+        os.write(fd, b"1\n")
+    finally:
+        os.close(fd)
+    return True
+
+
+class StackRequestResponder:
+    """Polls the node's requests like a source and answers ``stack_dump`` ones (returns no signals)."""
+
+    name = "stacks"
+
+    def __init__(self, *, url: str, node: str, finder: ProcessFinder, dumper: StackDumper,
+                 token: str | None = None, client: httpx.Client | None = None, interval_s: float = 1.0,
+                 clock: Clock) -> None:
+        self.base = url.rstrip("/")
+        self.node = node
+        self.finder = finder
+        self.dumper = dumper
+        self.interval_s = interval_s
+        self.clock = clock
+        self._client = client or httpx.Client(timeout=10.0)
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._next = 0.0
+        self.captured = 0
+        """Stacks uploaded since start."""
+
+    def poll(self) -> Poll:
+        """Answer pending stack requests (at most every `interval_s`)."""
+        now = self.clock()
+        if now < self._next:
+            return Poll(signals=[], cursors={})
+        self._next = now + self.interval_s
+        try:
+            resp = self._client.get(f"{self.base}/v1/nodes/{self.node}/requests", headers=self._headers)
+            resp.raise_for_status()
+            requests = [r for r in resp.json().get("requests", []) if r.get("kind") == KIND]
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("node requests unavailable: %s", exc)
+            return Poll(signals=[], cursors={})
+        errors = 0
+        for req in requests:
+            state, message = self.answer(str(req.get("params", {}).get("job", "")))
+            errors += state == "failed"
+            try:
+                self._client.post(f"{self.base}/v1/nodes/{self.node}/requests/{req['id']}",
+                                  json={"state": state, "message": message[:2000]}, headers=self._headers)
+            except httpx.HTTPError:
+                log.debug("could not answer request %s; it is asked again", req.get("id"))
+        return Poll(signals=[], cursors={}, errors=errors)
+
+    def answer(self, job: str) -> tuple[str, str]:
+        """Capture and upload the stacks of `job`'s processes here; (state, message) for the request."""
+        procs = [p for p in self.finder.find() if p.job == job]
+        if not procs:
+            return "failed", f"no process of job {job!r} on {self.node} (RANK in its environment, job by pod " \
+                             f"labels, KMEND_JOB or TORCHELASTIC_RUN_ID)"
+        sent, problems, poked = 0, [], 0
+        for p in procs:
+            if p.pipe and poke_flight_recorder(self.finder.proc_root, p.pid, p.pipe):
+                poked += 1
+            try:
+                text = self.dumper.dump(p.pid)
+            except RuntimeError as exc:
+                problems.append(str(exc))
+                continue
+            try:
+                resp = self._client.post(f"{self.base}/v1/stacks", headers=self._headers,
+                                         params={"job": job, "rank": p.rank, "node": self.node, "pid": p.pid},
+                                         content=text.encode()[:MAX_STACK_BYTES])
+                resp.raise_for_status()
+                sent += 1
+            except httpx.HTTPError as exc:
+                problems.append(f"upload of rank {p.rank} failed: {exc}")
+        self.captured += sent
+        msg = f"{sent} stack(s) of {len(procs)} process(es); {poked} Flight Recorder dump(s) requested"
+        if problems:
+            msg += "; " + "; ".join(problems[:3])
+        return ("done" if sent else "failed"), msg
+
+    # As a handler of the node-request runner (``collector.node_requests``): one request, its own thread.
+    kind = KIND
+
+    def run(self, request: NodeRequest, stop: threading.Event) -> Answer:
+        """Capture and upload the stacks of the request's job."""
+        state, message = self.answer(str(request.params.get("job", "")))
+        return Answer(state, message)
+
+    def resume(self, request: NodeRequest) -> Answer:
+        # Stacks are read, never changed: taking them again after a restart is harmless, and current.
+        return self.run(request, threading.Event())
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self._client.close()

@@ -1,0 +1,41 @@
+"""POST /v1/stacks: one training process's Python stack (``py-spy dump`` text), captured on a suspected hang."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+
+from analyzer.detectors.stacks import MAX_STACK_CHARS
+from kmend.api.deps import IngestAuth, KmendDep
+from kmend.api.signals import read_body
+
+router = APIRouter(prefix="/v1", tags=["ingest"])
+
+MAX_STACK_BODY = 256 * 1024
+"""A dump of a process with many threads is a few tens of KB; larger bodies are refused."""
+
+
+@router.post("/stacks", dependencies=[IngestAuth], status_code=202,
+             responses={400: {"description": "body is not UTF-8 text"}, 413: {"description": "body too large"}})
+async def ingest_stack(
+    request: Request, kmend: KmendDep,
+    job: Annotated[str, Query(min_length=1, max_length=253)],
+    rank: Annotated[int, Query(ge=0)],
+    node: Annotated[str, Query(min_length=1, max_length=253)],
+    pid: Annotated[int, Query(ge=1)],
+) -> Any:
+    """Accept the stack the node agent captured; a job's stacks are judged together once they stop arriving.
+
+    The finding names the rank whose main thread is outside the collective the
+    others wait in, and carries the stacks, so the incident shows where it is stuck.
+    """
+    body = await read_body(request, MAX_STACK_BODY)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPException(400, f"body: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    if not text.strip():
+        raise HTTPException(400, "body: empty stack dump")
+    kmend.ingest_stack(job, rank, node, pid, text[:MAX_STACK_CHARS])
+    return {"accepted": True, "job": job, "rank": rank}

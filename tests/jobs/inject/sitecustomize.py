@@ -1,0 +1,42 @@
+"""Faults injected into an unmodified training process from outside, through its PYTHONPATH.
+
+Python imports ``sitecustomize`` at start-up. Acting only in the process whose ``RANK``
+equals ``KMEND_FAULT_RANK``, after ``KMEND_FAULT_AFTER`` optimizer steps:
+
+- ``KMEND_FAULT=slow``: sleep ``KMEND_FAULT_SLOW_S`` after every optimizer step (a slow rank);
+- ``KMEND_FAULT=stop``: stop the process with SIGSTOP at its next forward pass (a rank that
+  hangs while its peers wait in the gradient all-reduce);
+- ``KMEND_FAULT=crash``: raise at the next optimizer step (an application bug on one rank).
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("KMEND_FAULT_RANK"):
+    import signal
+    import time
+
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    _fault = os.environ["KMEND_FAULT"]
+    _after = int(os.environ.get("KMEND_FAULT_AFTER", "0"))
+    _slow_s = float(os.environ.get("KMEND_FAULT_SLOW_S", "0"))
+    _steps = [0]
+
+    def _post(_opt: object, _args: object, _kwargs: object) -> None:
+        _steps[0] += 1
+        if _steps[0] <= _after:
+            return
+        if _fault == "slow":
+            time.sleep(_slow_s)
+        elif _fault == "crash":
+            raise ValueError(f"injected failure on rank {os.environ['RANK']} at step {_steps[0]}")
+
+    def _forward(_module: object, _inputs: object) -> None:
+        if _fault == "stop" and _steps[0] >= _after:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    register_optimizer_step_post_hook(_post)
+    register_module_forward_pre_hook(_forward)

@@ -1,0 +1,248 @@
+"""Harness for the real-job tests: unmodified trainers under torchrun, one pod per rank, watched through CRI files.
+
+Each "pod" is a torchrun process (one node of the job, one worker) whose stdout and stderr
+are written the way the container runtime writes them: ``<ts> <stream> <P|F> <text>`` lines
+under ``<root>/<namespace>_<pod>_<uid>/<container>/0.log``, a line longer than 16 KiB cut
+into partial records. ``kmend serve`` and ``kmend agent`` run as their own processes and
+see only those files, as on a node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from tests.conftest import REPO, free_port
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+INJECT = JOBS / "inject"
+NODE = "gpu-node-00"
+NAMESPACE = "train"
+CRI_MAX = 16 * 1024
+"""containerd's line limit: longer output is written as partial (P) records."""
+
+
+def _stamp() -> str:
+    now = time.time_ns()
+    return datetime.fromtimestamp(now // 1_000_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{now % 10**9:09d}Z"
+
+
+class CriFile:
+    """One container's log file, shared by its stdout and stderr pumps."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fh = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
+        self._lock = threading.Lock()
+        self.last_write = 0.0
+
+    def pump(self, stream: IO[bytes], name: str) -> None:
+        buf = b""
+        while chunk := os.read(stream.fileno(), 65536):
+            buf += chunk
+            while (nl := buf.find(b"\n")) >= 0:
+                self._write(name, b"F", buf[:nl])
+                buf = buf[nl + 1:]
+            while len(buf) >= CRI_MAX:
+                self._write(name, b"P", buf[:CRI_MAX])
+                buf = buf[CRI_MAX:]
+        if buf:
+            self._write(name, b"F", buf)
+
+    def _write(self, name: str, tag: bytes, data: bytes) -> None:
+        with self._lock:
+            self._fh.write(_stamp().encode() + b" " + name.encode() + b" " + tag + b" " + data + b"\n")
+            self.last_write = time.time()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+@dataclass
+class Pod:
+    """One torchrun node of the job, as a pod: its output lands in a CRI log file."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: CriFile
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def worker_pids(self) -> list[int]:
+        """The training processes torchrun started (children of the launcher)."""
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        try:
+            return [int(p) for p in path.read_text().split()]
+        except OSError:
+            return []
+
+    def text(self) -> str:
+        """The log as written (bytes decoded: reading as text would turn a bar's \r into line ends)."""
+        return self.log.path.read_bytes().decode(errors="replace")
+
+    def stop(self) -> None:
+        # torchrun starts each worker in a session of its own: killing the launcher's group leaves them.
+        for pid in self.worker_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        for t in self.threads:
+            t.join(timeout=10)
+        self.log.close()
+
+
+class Job:
+    """A torchrun job of `world` single-worker pods on one node."""
+
+    def __init__(self, root: Path, name: str, script: str, steps: int, world: int,
+                 fault: dict[str, str] | None = None, env: dict[str, str] | None = None) -> None:
+        self.root, self.name, self.world = root, name, world
+        self.pods: list[Pod] = []
+        port = free_port()
+        for r in range(world):
+            pod = f"{name}-worker-{r}"
+            penv = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HOSTNAME": pod,
+                    "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **(env or {})}
+            if fault is not None and fault.get("KMEND_FAULT_RANK") == str(r):
+                penv.update(fault)
+                penv["PYTHONPATH"] = os.pathsep.join([str(INJECT), penv.get("PYTHONPATH", "")])
+            argv = [str(Path(sys.executable).parent / "torchrun"), f"--nnodes={world}", f"--node-rank={r}",
+                    "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+                    str(JOBS / script), str(steps)]
+            log = CriFile(root / f"{NAMESPACE}_{pod}_{uuid.uuid4()}" / "trainer" / "0.log")
+            proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, cwd=REPO)
+            assert proc.stdout is not None and proc.stderr is not None
+            threads = [threading.Thread(target=log.pump, args=(s, n), daemon=True)
+                       for s, n in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+            for t in threads:
+                t.start()
+            self.pods.append(Pod(pod, proc, log, threads))
+
+    def wait(self, timeout: float) -> list[int | None]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(p.proc.poll() is None for p in self.pods):
+            time.sleep(0.2)
+        return [p.proc.poll() for p in self.pods]
+
+    def stop(self) -> None:
+        for p in self.pods:
+            p.stop()
+
+    def output(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.text()[-3000:]}" for p in self.pods)
+
+
+class Proc:
+    """A kmend subcommand as its own process."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+        with open(log, "ab") as fh:
+            self.p = subprocess.Popen([sys.executable, "-m", "kmend.cli", *args], cwd=REPO,
+                                      env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT)
+        self.log = log
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=10)
+
+
+@dataclass
+class Kmend:
+    """The service and one node agent, watching `pods`."""
+
+    url: str
+    pods: Path
+    client: httpx.Client
+    db: Path
+
+    def stored_lines(self, needle: str) -> list[str]:
+        """Texts of the container lines the service stored that contain `needle` (what the agent shipped)."""
+        with sqlite3.connect(self.db) as conn:
+            rows = conn.execute("SELECT body FROM signals WHERE source = 'container'").fetchall()
+        texts = [json.loads(r[0]).get("payload", {}).get("text", "") for r in rows]
+        return [t for t in texts if needle in t]
+
+    def incidents(self) -> list[dict[str, Any]]:
+        listed = self.client.get("/v1/incidents").json()["incidents"]
+        return [self.client.get(f"/v1/incidents/{i['id']}").json() for i in listed]
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        body: dict[str, dict[str, Any]] = self.client.get("/v1/nodes").json()["nodes"]
+        return body
+
+    def wait_for(self, pred: Callable[[list[dict[str, Any]]], bool], timeout: float,
+                 job: Job | None = None) -> list[dict[str, Any]]:
+        """Incidents once `pred` holds, or at the timeout, or a few seconds after `job` ended."""
+        deadline = time.monotonic() + timeout
+        incs = self.incidents()
+        while not pred(incs) and time.monotonic() < deadline:
+            if job is not None and all(p.proc.poll() is not None for p in job.pods):
+                deadline = min(deadline, time.monotonic() + 3.0)
+            time.sleep(0.25)
+            incs = self.incidents()
+        return incs
+
+
+SERVICE_ENV = {
+    # How often the detectors run; the defaults otherwise, except a shorter hang floor so a test
+    # that waits out a finished job stays short (the floor is an operator setting).
+    "KMEND_DETECTOR_INTERVAL_S": "0.25",
+    "KMEND_HANG_FLOOR_S": "10",
+    "KMEND_SYMPTOM_SETTLE_S": "1",
+}
+
+
+@contextmanager
+def running_kmend(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Kmend]:
+    """`kmend serve` (simulated cluster, SQLite) and `kmend agent` on NODE, as separate processes."""
+    pods = tmp / "pods"
+    pods.mkdir()
+    port = free_port()
+    service = Proc(["serve", "--port", str(port), "--database-url", f"sqlite:///{tmp / 'kmend.db'}",
+                    "--cluster", "sim"], tmp / "service.log", {**SERVICE_ENV, **(env or {})})
+    agent: Proc | None = None
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline and service.p.poll() is None, (tmp / "service.log").read_text()
+                time.sleep(0.1)
+            agent = Proc(["agent", "--node", NODE, "--service-url", url, "--state-dir", str(tmp / "agent"),
+                          "--pods-root", str(pods), "--kernel", "off", "--no-nvml", "--no-pod-labels",
+                          "--ib-root", str(tmp / "no-ib"), "--poll-interval", "0.2", "--flush-interval", "0.2",
+                          "--status-port", "0"], tmp / "agent.log", {})
+            yield Kmend(url, pods, client, tmp / "kmend.db")
+    finally:
+        if agent is not None:
+            agent.stop()
+        service.stop()

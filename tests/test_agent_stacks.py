@@ -1,0 +1,142 @@
+"""The agent's evidence on a suspected hang: real py-spy dumps of real stuck processes, the Flight Recorder
+FIFO, the stack_dump request round trip, and POST /v1/stacks input checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder
+from healer.notify import LogNotifier
+from healer.steps.base import RepairRequest
+from kmend.app import create_app
+from kmend.commands.agent import _py_spy
+from kmend.demo import serve_in_thread
+from kmend.settings import Settings
+from kmend.wiring import make_kmend
+from sim.cluster import build_cluster
+
+STUCK = textwrap.dedent('''
+    import os, subprocess, sys, time
+    pipe = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    if pipe:
+        # What ProcessGroupNCCL does with this variable: a FIFO <value><rank>.pipe opened
+        # O_RDONLY|O_NONBLOCK and read by its monitor thread; a write asks for a dump.
+        path = f"{pipe}{os.environ['RANK']}.pipe"
+        os.mkfifo(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    # A DataLoader worker inherits RANK: it must not be taken for the rank itself.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("ready", flush=True)
+
+    def wait_for_batch():
+        while True:
+            if pipe:
+                try:
+                    if os.read(fd, 16):
+                        open(os.environ["DUMPED"], "w").write("dump")
+                except BlockingIOError:
+                    pass
+            time.sleep(0.05)
+
+    try:
+        wait_for_batch()
+    finally:
+        child.kill()
+''')
+
+
+@pytest.fixture
+def stuck(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "KMEND_JOB": "llm-7",
+           "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "nccl_pipe_"), "DUMPED": str(tmp_path / "dumped")}
+    proc = subprocess.Popen([sys.executable, "-c", STUCK], env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the process and its worker
+        proc.wait()
+
+
+def _py_spy_or_skip() -> str:
+    binary = _py_spy("py-spy")
+    if binary is None or os.geteuid() != 0:
+        pytest.skip("py-spy must be installed and run as root (ptrace)")
+    return binary
+
+
+def test_the_finder_takes_the_rank_process_not_its_workers(stuck: subprocess.Popen[str]) -> None:
+    procs = [p for p in ProcessFinder(pods_root=None).find() if p.job == "llm-7"]
+    assert [(p.pid, p.rank) for p in procs] == [(stuck.pid, 3)]
+    assert procs[0].pipe is not None and procs[0].pipe.endswith("nccl_pipe_3.pipe")
+
+
+def test_py_spy_dumps_where_a_real_stuck_process_waits(stuck: subprocess.Popen[str]) -> None:
+    text = PySpyDumper(_py_spy_or_skip()).dump(stuck.pid)
+    assert f"Process {stuck.pid}" in text
+    assert "wait_for_batch (<string>" in text and "MainThread" in text
+
+
+def test_a_stack_request_is_answered_with_stacks_and_a_flight_recorder_dump(
+    tmp_path: Path, stuck: subprocess.Popen[str],
+) -> None:
+    py_spy = _py_spy_or_skip()
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", sim_nodes=2, dry_run=True)
+    kmend = make_kmend(settings, cluster=build_cluster(2, 8), notifier=LogNotifier())
+    with serve_in_thread(create_app(kmend, settings)) as url:
+        # What the service opens for each node of a job that stalled for half its hang threshold.
+        kmend.store.ledger.open(RepairRequest(id="stack-dump:llm-7:1.000:n1", node="n1", kind="stack_dump",
+                                              params={"job": "llm-7"}))
+        responder = StackRequestResponder(url=url, node="n1", finder=ProcessFinder(pods_root=None),
+                                          dumper=PySpyDumper(py_spy), clock=time.monotonic)
+        try:
+            responder.poll()
+        finally:
+            responder.close()
+        with httpx.Client(base_url=url) as client:
+            [req] = client.get("/v1/nodes/n1/requests", params={"all": True}).json()["requests"]
+    kmend.store.close()
+    assert req["state"] == "done" and req["result"].startswith("1 stack(s) of 1 process(es); 1 Flight Recorder")
+    assert responder.captured == 1
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "dumped").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "dumped").read_text() == "dump"
+    kept = kmend.detectors.stacks._stacks["llm-7"][3]
+    assert kept.pid == stuck.pid and "wait_for_batch" in kept.text
+
+
+def test_no_process_of_the_job_answers_failed_with_why(tmp_path: Path) -> None:
+    responder = StackRequestResponder(url="http://127.0.0.1:9", node="n1", finder=ProcessFinder(pods_root=None),
+                                      dumper=PySpyDumper("py-spy"), clock=time.monotonic)
+    state, message = responder.answer("no-such-job")
+    responder.close()
+    assert state == "failed" and "no process of job 'no-such-job' on n1" in message
+
+
+@pytest.mark.parametrize(("params", "body", "status", "names"), [
+    ({"job": "j", "rank": 0, "node": "n", "pid": 5}, b"\xff\xfe", 400, "body"),
+    ({"job": "j", "rank": 0, "node": "n", "pid": 5}, b"   ", 400, "body"),
+    ({"job": "j", "rank": 0, "node": "n"}, b"Thread 1", 422, "pid"),
+    ({"job": "j", "rank": -1, "node": "n", "pid": 5}, b"Thread 1", 422, "rank"),
+    ({"job": "j", "rank": 0, "node": "n", "pid": 5}, b"x" * (256 * 1024 + 1), 413, "larger"),
+])
+def test_bad_stack_uploads_get_a_4xx_naming_the_field(tmp_path: Path, params: dict[str, object], body: bytes,
+                                                     status: int, names: str) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", sim_nodes=2, dry_run=True)
+    kmend = make_kmend(settings, cluster=build_cluster(2, 8), notifier=LogNotifier())
+    with serve_in_thread(create_app(kmend, settings)) as url, httpx.Client(base_url=url) as client:
+        resp = client.post("/v1/stacks", params=params, content=body)
+    kmend.store.close()
+    assert resp.status_code == status and names in resp.text, resp.text

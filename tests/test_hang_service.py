@@ -1,0 +1,73 @@
+"""The service around the hang detector: evidence asked for before the hang is called, pods the API shows done."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from collector.signal import ProgressSample, Signal, Source
+from healer.notify import LogNotifier
+from kmend.service import Kmend
+from kmend.settings import Settings
+from kmend.wiring import make_kmend
+from sim.cluster import build_cluster
+from sim.workloads import SimWorkloads
+
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[Kmend, SimWorkloads]]:
+    cluster = build_cluster(2, 8)
+    workloads = SimWorkloads(cluster, clock=lambda: T0)
+    for r in range(4):
+        workloads.add_pod("train", f"llm-{r}", node=f"node-{r // 2:03d}", gpus=0,
+                          labels={"kmend.io/job": "llm", "kmend.io/rank": str(r)})
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", dry_run=True)
+    kmend = make_kmend(settings, cluster=cluster, workloads=workloads, notifier=LogNotifier())
+    kmend.start()
+    yield kmend, workloads
+    kmend.store.close()
+
+
+def _steps(kmend: Kmend, n: int, step_s: float = 0.5) -> float:
+    t = T0
+    for s in range(1, n + 1):
+        t += step_s
+        kmend.ingest([Signal(f"node-{r // 2:03d}/progress/llm/{r}/{s}", f"node-{r // 2:03d}", Source.PROGRESS, t,
+                             ProgressSample("llm", r, s, step_s)) for r in range(4)])
+    return t
+
+
+def _hangs(kmend: Kmend) -> list[str]:
+    return [i.id for i in kmend.incidents() if i.fault_class.value == "hang"]
+
+
+def test_a_stalled_job_gets_stack_requests_on_its_nodes_before_the_hang_is_called(
+    service: tuple[Kmend, SimWorkloads],
+) -> None:
+    kmend, _ = service
+    last = _steps(kmend, 30)
+    kmend.evaluate(now=last + 6)  # half the 10 s threshold
+    asked = {n: [r.kind for r in kmend.healing.requests(n)] for n in ("node-000", "node-001")}
+    assert asked == {"node-000": ["stack_dump"], "node-001": ["stack_dump"]}
+    assert _hangs(kmend) == []
+    [req] = kmend.healing.requests("node-001")
+    assert req.params == {"job": "llm"}
+    kmend.evaluate(now=last + 7)
+    assert len(kmend.healing.requests("node-001")) == 1  # one request per node and stall
+    kmend.evaluate(now=last + 12)
+    assert len(_hangs(kmend)) == 1
+
+
+def test_a_job_whose_pods_the_api_shows_deleted_raises_no_hang(service: tuple[Kmend, SimWorkloads]) -> None:
+    kmend, workloads = service
+    last = _steps(kmend, 30)
+    for r in range(4):
+        workloads.delete_pod("train", f"llm-{r}")
+    for k in range(1, 60):
+        kmend.evaluate(now=last + k)
+    assert _hangs(kmend) == []
+    assert kmend.healing.requests("node-000") == []  # nothing to capture from pods that are going away

@@ -1,0 +1,48 @@
+"""Lock-stepped ranks (every step ends in the same all-reduce) have equal step times: the rank the others wait for
+is the one that reports each step late, and that is how `kmend analyze` and the service name it."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kmend.cli import build_parser
+
+START = datetime(2026, 3, 2, 9, 0, 0, tzinfo=UTC)
+UID = "7a1e2d3c-aaaa-bbbb-cccc-0123456789ab"
+
+
+def _bundle(root: Path, lag: dict[int, float], *, period: float = 0.3, steps: int = 60, jitter: float = 0.01) -> Path:
+    rnd = random.Random(7)
+    for r in range(4):
+        d = root / "node-a" / "var" / "log" / "pods" / f"train_ddp-worker-{r}_{UID[:-1]}{r}" / "trainer"
+        d.mkdir(parents=True)
+        with open(d / "0.log", "w") as fh:
+            for step in range(1, steps + 1):
+                t = START + timedelta(seconds=step * period + lag.get(r, 0.0) + rnd.uniform(0, jitter))
+                fh.write(f"{t.strftime('%Y-%m-%dT%H:%M:%S.%f')}000Z stdout F step {step} loss 0.{step:04d}\n")
+    return root
+
+
+def _analyze(capsys: pytest.CaptureFixture[str], path: Path) -> list[dict[str, Any]]:
+    args = build_parser().parse_args(["analyze", str(path), "--format", "json"])
+    assert args.func(args) == 0
+    out: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["incidents"]
+    return out
+
+
+def test_the_rank_that_reports_every_step_late_is_the_straggler(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    [inc] = _analyze(capsys, _bundle(tmp_path, {2: 0.15}))
+    assert inc["fault_class"] == "straggler" and inc["root_cause"]["rank"] == 2
+    [f] = inc["findings"]
+    assert f["fields"]["basis"] == "arrival_lag" and 0.12 < float(f["fields"]["lag_s"]) < 0.18
+
+
+def test_jitter_and_a_small_clock_offset_name_nobody(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _analyze(capsys, _bundle(tmp_path, {1: 0.03}, jitter=0.03)) == []
