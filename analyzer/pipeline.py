@@ -11,7 +11,7 @@ from analyzer.engine import Backend
 from analyzer.escalate import Escalator
 from analyzer.matcher import FastMatcher
 from analyzer.metric_eval import SignalEvaluator
-from analyzer.records import Action, Finding, Incident, Severity
+from analyzer.records import SEVERITY_RANK, Action, Finding, Incident, Severity
 from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
 
@@ -36,15 +36,28 @@ def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
     return {(job, node) for job, node in pairs if job}
 
 
+def strongest_per_signal(found: Sequence[Finding]) -> list[Finding]:
+    """One finding per evidence signal: the most severe, the first in rule order on a tie."""
+    best: dict[str, Finding] = {}
+    for f in found:
+        key = f.evidence[0] if f.evidence else f.id
+        cur = best.get(key)
+        if cur is None or SEVERITY_RANK[f.severity] > SEVERITY_RANK[cur.severity]:
+            best[key] = f
+    return list(best.values())
+
+
 class Analyzer:
     """Matches rules on signal batches and folds the findings into incidents."""
 
     def __init__(
         self, rules: Sequence[Rule], *, correlator: Correlator | None = None, backend: Backend | None = None,
         detectors: DetectorSuite | None = None, signals: SignalEvaluator | None = None,
-        matcher: FastMatcher | None = None,
+        matcher: FastMatcher | None = None, one_finding_per_signal: bool = False,
     ) -> None:
         self.rules = tuple(rules)
+        # A folded multi-line event (an AER dump, a traceback) is one signal and must be one finding.
+        self.one_finding_per_signal = one_finding_per_signal
         # Metric and alert rules keep per-series state: the caller owns it, so it outlives a rebuild.
         # A compiled matcher without that state can be shared by analyzers of many small bundles.
         self.matcher = matcher or FastMatcher(self.rules, backend=backend, signals=signals)
@@ -69,6 +82,8 @@ class Analyzer:
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals)
+        if self.one_finding_per_signal and len(found) > 1:
+            found = strongest_per_signal(found)
         if self.detectors is not None and found:
             self.detectors.observe_findings(found)
         return found + self.escalator.observe_all(found)

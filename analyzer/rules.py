@@ -19,6 +19,7 @@ from pydantic_core import ErrorDetails
 
 from analyzer.decode import ActionMap, Decoder, DecodeRow, StatusMatch
 from analyzer.records import Action, FaultClass, Severity
+from collector.normalize import events_of
 
 RuleSource = Literal["kernel", "container", "any"]
 
@@ -284,14 +285,26 @@ def _decoder(path: str, spec: RuleSpec, regex: LinearRegex) -> Decoder | None:
     return Decoder(intrinfo_field=d.intrinfo_field, status_field=d.status_field, rows=rows)
 
 
+def _events(example: str) -> list[str]:
+    return events_of(example) if "\n" in example.strip("\n") else [example]
+
+
 def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
     regex = _compile(path, spec)
+    # A multi-line example is a verbatim block (an nvidia-smi -q section, a dcgmi table): the rule
+    # sees it as the folded event text, as `kmend analyze` would, and keeps that as its example.
+    examples: list[str] = []
     for i, line in enumerate(spec.examples):
-        if not regex.search(line):
+        event = next((t for t in _events(line) if regex.search(t)), None)
+        if event is None:
             raise RuleError(path, spec.id, f"examples[{i}]", f"does not match: {line!r}")
+        examples.append(event)
+    counter: list[str] = []
     for i, line in enumerate(spec.counter_examples):
-        if regex.search(line):
-            raise RuleError(path, spec.id, f"counter_examples[{i}]", f"matches: {line!r}")
+        for t in _events(line):
+            if regex.search(t):
+                raise RuleError(path, spec.id, f"counter_examples[{i}]", f"matches: {t!r}")
+            counter.append(t)
     sources = frozenset(s for s in spec.sources if s != "any")
     return Rule(
         id=spec.id, pack=pack, description=spec.description, sources=sources,
@@ -300,8 +313,8 @@ def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
         recommended_action=spec.recommended_action,
         symptom_of=frozenset(spec.symptom_of), escalation=spec.escalation,
         action_from=_action_map(path, spec, regex), decoder=_decoder(path, spec, regex),
-        fields=tuple(sorted(spec.fields.items())), examples=spec.examples,
-        counter_examples=spec.counter_examples, references=spec.references,
+        fields=tuple(sorted(spec.fields.items())), examples=tuple(examples),
+        counter_examples=tuple(counter), references=spec.references,
     )
 
 

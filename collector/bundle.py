@@ -23,6 +23,7 @@ from typing import IO
 
 from collector.flight_recorder import parse_dump_name
 from collector.identity import job_from_pod, line_rank, pod_identity
+from collector.normalize import group_events, prefix_lengths, strip_prefix, without_prefixes
 from collector.signal import LogLine, Signal, Source
 from collector.timestamps import parse_timestamp
 
@@ -62,22 +63,30 @@ class LogFile:
 
 @dataclass(slots=True)
 class FileLines:
-    """The lines of one file, prefixes stripped, with per-line prefix facts kept aside."""
+    """The events of one file (prefixes stripped, multi-line events folded), with per-line facts aside."""
 
     file: LogFile
     """Where they came from."""
     texts: list[str]
-    """Line contents, as rules see them."""
+    """Event texts, as rules see them."""
+    heads: list[int]
+    """Line index (in ``raw``) of each event's head."""
+    raw: list[str]
+    """Every line as read, container-runtime and kubectl prefixes off (timestamps and hosts live here)."""
     stamps: list[str | None]
     """The runtime's timestamp prefix of each line, when it had one."""
     pods: dict[int, tuple[str, str]] = field(default_factory=dict)
     """Pod and container of lines from a ``kubectl logs --prefix`` dump, by line index."""
 
 
+_PREFIX_SAMPLE = 2000
+"""Lines looked at to decide whether a file carries syslog/dmesg/kmsg prefixes at all."""
 _PODS_DIR = re.compile(r"^(?P<ns>[^_/]+)_(?P<pod>[^_/]+)_(?P<uid>[0-9a-fA-F-]{8,})$")
 _KERNEL_NAME = re.compile(r"(?:^|[-_.])(?:dmesg|kern|kernel|kmsg|messages|syslog|journal)(?:$|[-_.])", re.I)
 _KERNEL_LINE = re.compile(
     r"^\s*(?:<\d>)?\[\s*\d+\.\d+\]|\bkernel: |^\s*\[\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4}\]|^\s*kern\s*:"
+    # Messages only the kernel writes, copied into a container's log (the GPU operator's driver pod).
+    r"|^\s*NVRM: |^\s*(?:pcieport|nvidia) [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]: "
 )
 _CRI = re.compile(r"^(\S+) (?:stdout|stderr) ([PF]) ?(.*)$")
 _KUBECTL_PREFIX = re.compile(r"^\[pod/([^/\]]+)/([^\]]+)\] (.*)$")
@@ -211,23 +220,31 @@ class BundleSource:
         if partial:
             texts.append(partial)
             stamps.append(None)
-        return FileLines(file=f, texts=texts, stamps=stamps, pods=pods)
+        if any(strip_prefix(t).length for t in texts[:_PREFIX_SAMPLE]):
+            lengths = prefix_lengths(texts)
+            bare, prefixed = without_prefixes(texts, lengths), list(map(bool, lengths))
+        else:  # a container's own output: no transport prefixes to take off
+            bare, prefixed = texts, [False] * len(texts)
+        events = group_events(bare, texts, prefixed)
+        return FileLines(file=f, texts=events.texts, heads=events.lines, raw=texts, stamps=stamps, pods=pods)
 
     def signal(self, fl: FileLines, i: int) -> Signal:
-        """The Signal for line ``i`` of a file: source, node, pod metadata and time resolved."""
-        f, text = fl.file, fl.texts[i]
+        """The Signal for event ``i`` of a file: source, node, pod metadata and time resolved."""
+        f, text, line = fl.file, fl.texts[i], fl.heads[i]
+        raw = fl.raw[line]
+        prefix = strip_prefix(raw)  # only for the lines a rule matched: what their prefix says
         kind = f.kind
         if kind is LogKind.AUTO:
-            kind = LogKind.KERNEL if _KERNEL_LINE.search(text) else LogKind.CONTAINER
+            kind = LogKind.KERNEL if prefix.kernel or _KERNEL_LINE.search(raw) else LogKind.CONTAINER
         source = Source.KERNEL if kind is LogKind.KERNEL else Source.CONTAINER
         pod, container, job, rank = f.pod, f.container, f.job, f.rank
-        if i in fl.pods:
-            pod, container = fl.pods[i]
+        if line in fl.pods:
+            pod, container = fl.pods[line]
             job, rank = pod_identity(pod, self.pod_labels.get(pod), job=self.job)
         named = line_rank(text) if source is Source.CONTAINER else None
-        node = f.node or _node_from_line(text) or "unknown"
+        node = f.node or prefix.host or _node_from_line(raw) or "unknown"
         return Signal(
-            id=f"{node}:{source.value}:{f.name}:{i}", node=node, source=source, ts=_time_of(fl, i),
+            id=f"{node}:{source.value}:{f.name}:{line}", node=node, source=source, ts=_time_of(fl, line),
             payload=LogLine(text=text, namespace=f.namespace, pod=pod, container=container, job=job,
                             rank=named if named is not None else rank),
         )
@@ -242,7 +259,7 @@ def _time_of(fl: FileLines, i: int) -> float:
     """Time of line i: its own stamp, else the nearest earlier stamp plus line distance, else line order."""
     for j in range(i, max(i - 200, -1), -1):
         stamp = fl.stamps[j]
-        parsed = parse_timestamp(stamp) if stamp else parse_timestamp(fl.texts[j])
+        parsed = parse_timestamp(stamp) if stamp else parse_timestamp(fl.raw[j])
         if parsed is not None:
             return parsed[0] + (i - j) * 1e-6
     return float(i)

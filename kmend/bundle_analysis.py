@@ -66,7 +66,7 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
     last_ts: float | None = None
     for f in source.files():
         fl = source.lines(f)
-        metric = _metric_signals(f, fl.texts)
+        metric = _metric_signals(f, fl.raw)  # the file as written, not its folded events
         if metric is not None:
             signals.extend(metric)
             if metric:
@@ -151,7 +151,8 @@ def diagnose_source(source: BundleSource, rules: Sequence[Rule], matcher: FastMa
     bundle_matcher.signals = SignalEvaluator(
         signal_rules if signal_rules is not None else load_signal_rules([default_metric_rules_dir()]),
         xid_rules=rules)
-    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors, matcher=bundle_matcher)
+    analyzer = Analyzer(rules, correlator=correlator, detectors=detectors, matcher=bundle_matcher,
+                        one_finding_per_signal=True)
     signals, placements, last_ts = collect(source, matcher.engine, progress_rules)
     for job, node in sorted(placements):
         correlator.observe_placement(job, node)

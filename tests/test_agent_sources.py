@@ -118,6 +118,13 @@ def test_kern_log_lines_rotation_and_gz(tmp_path: Path) -> None:
     assert texts(src.poll().signals) == ["before rotation", "after rotation"]
 
 
+def test_kern_log_in_rfc5424_and_journald_iso_forms_ships_the_bare_message(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(f"<4>1 2026-11-21T10:00:00.100Z gpu-7 kernel - - - {XID79}\n"
+                   f"2026-11-21T10:00:01+0000 gpu-7 kernel: [ 1843.308145] {XID79}\n")
+    assert texts(KernLogSource(node="n1", path=log, clock=lambda: 5.0).poll().signals) == [XID79, XID79]
+
+
 # -- container logs -------------------------------------------------------------------------
 
 

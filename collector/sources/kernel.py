@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from collector.normalize import strip_prefix
 from collector.signal import LogLine, Signal, Source
 from collector.sources.base import Clock, Cursor, LinePrefilter, Poll
 from collector.sources.cri import TimestampParser
@@ -192,7 +193,6 @@ class KmsgSource:
         self._reader.close()
 
 
-_SYSLOG_KERNEL = re.compile(r" kernel: (?:\[\s*\d+\.\d+\] )?")
 
 
 class KernLogSource:
@@ -226,8 +226,8 @@ class KernLogSource:
             lines += chunk.data.count(b"\n")
             for offset, raw in lines_of(chunk, self.prefilter):
                 line = raw.decode("utf-8", "replace")
-                m = _SYSLOG_KERNEL.search(line)
-                text = line[m.end():] if m else line
+                # RFC 3164/5424, journald short-iso/precise and dmesg stamps: the rules see the message.
+                text = line[strip_prefix(line).length:]
                 ts = self._ts(line.split(" ", 1)[0])
                 signals.append(Signal(
                     id=f"{self.node}/kernel/{chunk.file_id}/{offset}",
