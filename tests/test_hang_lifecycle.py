@@ -284,3 +284,20 @@ def test_each_end_of_training_line_ends_the_run_quietly(end_line: str) -> None:
     batches, t = steps("e", 1, 40, T0, step_s=0.5)
     batches.append((t + 0.2, [line("e", 0, t + 0.2, end_line, 7000)]))
     assert hangs(run(analyzer(), batches, until=t + 120)) == []
+
+
+def test_the_trainers_bar_repeating_its_final_count_after_the_end_line_is_no_new_run() -> None:
+    # The Hugging Face Trainer prints its final metrics dict, then its tqdm bar once more at the same count.
+    batches, t, n = [], T0, 0
+    for s in range(1, 31):
+        t += 1.0
+        n += 1
+        batches.append((t, [line("bar", 0, t, f"{100 * s // 30:3d}%|█████| {s}/30 [00:{s:02d}<00:00,  1.00s/it]",
+                                 n)]))
+    batches.append((t + 0.2, [line("bar", 0, t + 0.2, "{'train_runtime': 116.1914, 'train_samples_per_second': "
+                                   "6.885, 'train_steps_per_second': 1.721, 'train_loss': 2.8197, 'epoch': 0.15}",
+                                   n + 1)]))
+    batches.append((t + 0.3, [line("bar", 0, t + 0.3, "100%|█████| 30/30 [00:30<00:00,  1.00s/it]", n + 2)]))
+    an = analyzer()
+    assert hangs(run(an, batches, until=t + 120)) == []
+    assert an.detectors is not None and an.detectors.book.jobs["bar"].run == 0

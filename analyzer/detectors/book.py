@@ -241,10 +241,11 @@ def _restarted(job: JobState, ev: ProgressEvent) -> bool:
     """A step that begins a new run: after the end, after the rank's container exited, or a step back in time."""
     step = ev.step if ev.step is not None else -1
     rank = job.ranks.get(ev.rank)
-    # After the end, another rank's report of the last steps may land just after the end line; a step
-    # this rank already made, or one long after the end, is a new run.
+    # After the end, reports of the last steps may land just after the end line (other ranks, or the
+    # Trainer's tqdm bar printing its final count again): a step below this rank's last one, or any step
+    # long after the end, is a new run.
     if job.ended_at is not None and ev.ts > job.ended_at and (
-            ev.ts > job.ended_at + RERUN_AFTER_END_S or (rank is not None and step <= rank.last_step)):
+            ev.ts > job.ended_at + RERUN_AFTER_END_S or (rank is not None and step < rank.last_step)):
         return True
     if rank is None:
         return False
