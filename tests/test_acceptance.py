@@ -75,7 +75,7 @@ def test_nodes_api_reports_validation_and_lemon_nodes(tmp_path: Path) -> None:
         s.client.post("/v1/nodes/gpu-node-06/release", headers=OP)
 
         def checked() -> object:
-            n = s.client.get("/v1/nodes").json()["nodes"]["gpu-node-06"]
+            n = s.client.get("/v1/nodes", headers=OP).json()["nodes"]["gpu-node-06"]
             return n if (n["validation"] or {}).get("state") == "succeeded" else None
         node = s.wait(checked)
         assert node["state"] == "healthy" and node["lemon"] is None and node["faults_in_window"] == 0

@@ -36,9 +36,9 @@ STUCK = textwrap.dedent('''
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     # A DataLoader worker inherits RANK: it must not be taken for the rank itself.
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    print("ready", flush=True)
 
     def wait_for_batch():
+        print("ready", flush=True)  # from inside the function the stack must show
         while True:
             if pipe:
                 try:
@@ -55,9 +55,13 @@ STUCK = textwrap.dedent('''
 ''')
 
 
+JOB = f"llm-{os.getpid()}"
+"""The stuck process's job: unique per test process, since the finder reads the whole of /proc (parallel workers)."""
+
+
 @pytest.fixture
 def stuck(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
-    env = {**os.environ, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "KMEND_JOB": "llm-7",
+    env = {**os.environ, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "KMEND_JOB": JOB,
            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "nccl_pipe_"), "DUMPED": str(tmp_path / "dumped")}
     proc = subprocess.Popen([sys.executable, "-c", STUCK], env=env, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -77,7 +81,7 @@ def _py_spy_or_skip() -> str:
 
 
 def test_the_finder_takes_the_rank_process_not_its_workers(stuck: subprocess.Popen[str]) -> None:
-    procs = [p for p in ProcessFinder(pods_root=None).find() if p.job == "llm-7"]
+    procs = [p for p in ProcessFinder(pods_root=None).find() if p.job == JOB]
     assert [(p.pid, p.rank) for p in procs] == [(stuck.pid, 3)]
     assert procs[0].pipe is not None and procs[0].pipe.endswith("nccl_pipe_3.pipe")
 
@@ -96,8 +100,8 @@ def test_a_stack_request_is_answered_with_stacks_and_a_flight_recorder_dump(
     kmend = make_kmend(settings, cluster=build_cluster(2, 8), notifier=LogNotifier())
     with serve_in_thread(create_app(kmend, settings)) as url:
         # What the service opens for each node of a job that stalled for half its hang threshold.
-        kmend.store.ledger.open(RepairRequest(id="stack-dump:llm-7:1.000:n1", node="n1", kind="stack_dump",
-                                              params={"job": "llm-7"}))
+        kmend.store.ledger.open(RepairRequest(id=f"stack-dump:{JOB}:1.000:n1", node="n1", kind="stack_dump",
+                                              params={"job": JOB}))
         responder = StackRequestResponder(url=url, node="n1", finder=ProcessFinder(pods_root=None),
                                           dumper=PySpyDumper(py_spy), clock=time.monotonic)
         try:
@@ -113,7 +117,7 @@ def test_a_stack_request_is_answered_with_stacks_and_a_flight_recorder_dump(
     while not (tmp_path / "dumped").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "dumped").read_text() == "dump"
-    kept = kmend.detectors.stacks._stacks["llm-7"][3]
+    kept = kmend.detectors.stacks._stacks[JOB][3]
     assert kept.pid == stuck.pid and "wait_for_batch" in kept.text
 
 

@@ -54,7 +54,7 @@ def analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, name:
     path = tmp_path / name
     path.write_text(text)
     args = build_parser().parse_args(["analyze", str(path), "--format", "json"])
-    assert args.func(args) == 0
+    assert args.func(args) in (0, 3, 4)  # the exit code says what was found (tests/test_analyze.py)
     incidents: list[Any] = json.loads(capsys.readouterr().out)["incidents"]
     return incidents
 

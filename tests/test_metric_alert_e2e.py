@@ -114,7 +114,8 @@ def test_dcgm_scrapes_and_alerts_become_incidents(tmp_path: Path, exporter: str)
     url = f"http://127.0.0.1:{port}"
     service = Proc(["serve", "--port", str(port), "--database-url", f"sqlite:///{tmp_path / 'kmend.db'}",
                     "--cluster", "sim"], tmp_path / "service.log",
-                   {"KMEND_INGEST_TOKEN": TOKEN, "KMEND_SYMPTOM_SETTLE_S": "3600"})
+                   {"KMEND_INGEST_TOKEN": TOKEN, "KMEND_READER_TOKEN": "reader-token",
+                    "KMEND_SYMPTOM_SETTLE_S": "3600"})
     (tmp_path / "pods").mkdir()
     agent = Proc(["agent", "--node", "gpu-node-07", "--service-url", url, "--token-file", str(tmp_path / "token"),
                   "--state-dir", str(tmp_path / "state"), "--pods-root", str(tmp_path / "pods"), "--kernel", "off",
@@ -123,7 +124,8 @@ def test_dcgm_scrapes_and_alerts_become_incidents(tmp_path: Path, exporter: str)
                   "--status-port", "0"], tmp_path / "agent.log", {})
 
     def incidents() -> list[dict[str, Any]]:
-        body: list[dict[str, Any]] = httpx.get(f"{url}/v1/incidents", timeout=5).json()["incidents"]
+        body: list[dict[str, Any]] = httpx.get(f"{url}/v1/incidents", timeout=5,
+                                               headers={"Authorization": "Bearer reader-token"}).json()["incidents"]
         return body
 
     try:
