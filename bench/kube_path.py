@@ -1,0 +1,208 @@
+"""The healing path through a Kubernetes API server, as `kmend serve --cluster kube` runs it.
+
+Server: the loopback API server of the tests (tests/fake_apiserver.py) with the shipped
+ClusterRole enforced; the official client; `kmend serve` as a child process with its real
+settings (policy from the shipped file, breaker and rate limits as shipped). Prints one JSON
+object per measurement:
+
+- signal → cordon: an Xid 79 for one node POSTed to /v1/signals, until the API server holds
+  `spec.unschedulable` for it; p50/p99 over N faults on N distinct nodes, one at a time.
+- leaf quarantine: Xid 79 on every node of a 32-node leaf in one batch; seconds until every
+  node the breaker lets through is cordoned, and how many it held back.
+- binds: a 64-pod gang for kmend's scheduler; pods/s from its first bind to its last, the delay
+  before the first bind, and, as the floor in the same run, a plain client loop binding the same
+  number of pods one by one on the same server.
+
+These are figures against the loopback fake, not a real kube-apiserver: its per-request cost is
+lower, so they bound kmend's own overhead rather than predict a production cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kubernetes import client  # noqa: E402
+
+from collector.wire import to_wire  # noqa: E402
+from tests.builders import kernel  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from tests.fake_apiserver import FakeApiServer, RoleRules  # noqa: E402
+from tests.procs import wait_ready  # noqa: E402
+
+NODE = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8", "pods": "110"}
+TOKEN = "sa-token"
+
+
+def _xid(node: str) -> dict[str, Any]:
+    return to_wire(kernel(node, "[ 8123.450001] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
+                          ts=time.time()))
+
+
+def _cluster(api: FakeApiServer, nodes: int) -> None:
+    for i in range(nodes):
+        name = f"gpu-{i:04d}"
+        api.add_node(name, {"topology.kmend.io/leaf": f"leaf-{i // 32}", "topology.kmend.io/spine": "spine-0"})
+        api.nodes[name]["status"]["allocatable"] = dict(NODE)
+
+
+def _serve(api: FakeApiServer, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "f",
+        "clusters": [{"name": "f", "cluster": {"server": api.url}}],
+        "users": [{"name": "k", "user": {"token": TOKEN}}],
+        "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+    port = free_port()
+    env = {**os.environ, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig), "KMEND_PORT": str(port),
+           "KMEND_DATABASE_URL": f"sqlite:///{tmp / 'k.db'}", "KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
+           "KMEND_HEALER_INTERVAL_S": "0.05", "KMEND_SCHEDULER_INTERVAL_S": "0.05", "KMEND_SYMPTOM_SETTLE_S": "0",
+           "KMEND_EVENT_NAMESPACE": "kmend-system"}
+    log = tmp / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], env=env, stdout=fh,
+                                stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, proc, log=log)
+    return proc, url
+
+
+def _post(url: str, signals: list[dict[str, Any]]) -> None:
+    r = httpx.post(f"{url}/v1/signals", json={"signals": signals}, headers={"authorization": "Bearer i"}, timeout=30)
+    r.raise_for_status()
+
+
+def _wait(pred: Any, timeout: float = 60.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(0.002)
+    raise TimeoutError
+
+
+def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
+    rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
+                                   user="system:serviceaccount:kmend-system:kmend")
+    with FakeApiServer(rbac=rbac) as api:
+        # Enough nodes that the breaker (10 % of GPU nodes) never stops one fault at a time.
+        _cluster(api, faults * 12)
+        proc, url = _serve(api, tmp)
+        try:
+            lat = []
+            for i in range(faults):
+                node = f"gpu-{i * 11:04d}"
+                t0 = time.monotonic()
+                _post(url, [_xid(node)])
+                _wait(lambda n=node: api.nodes[n]["spec"].get("unschedulable"))
+                lat.append((time.monotonic() - t0) * 1000)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+    lat.sort()
+    return {"bench": "signal_to_cordon", "faults": faults, "server": "loopback fake, RBAC enforced",
+            "p50_ms": round(statistics.median(lat), 1), "p99_ms": round(lat[max(0, int(len(lat) * 0.99) - 1)], 1),
+            "max_ms": round(lat[-1], 1)}
+
+
+def leaf_quarantine(tmp: Path, nodes: int = 512) -> dict[str, Any]:
+    rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
+                                   user="system:serviceaccount:kmend-system:kmend")
+    with FakeApiServer(rbac=rbac) as api:
+        _cluster(api, nodes)
+        proc, url = _serve(api, tmp)
+        leaf = [f"gpu-{i:04d}" for i in range(32)]
+        try:
+            t0 = time.monotonic()
+            _post(url, [_xid(n) for n in leaf])
+            deadline = t0 + 60
+            last = -1
+            stable_since = time.monotonic()
+            while time.monotonic() < deadline:
+                done = sum(1 for n in leaf if api.nodes[n]["spec"].get("unschedulable"))
+                if done != last:
+                    last, stable_since, at = done, time.monotonic(), time.monotonic() - t0
+                elif time.monotonic() - stable_since > 3.0:
+                    break
+                time.sleep(0.01)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+    return {"bench": "leaf_quarantine", "leaf_nodes": 32, "cluster_nodes": nodes, "cordoned": last,
+            "held_back_by_breaker": 32 - last, "seconds_to_last_cordon": round(at, 3)}
+
+
+def binds(pods: int, tmp: Path) -> dict[str, Any]:
+    rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
+                                   user="system:serviceaccount:kmend-system:kmend")
+    out: dict[str, Any] = {"bench": "gang_binds", "pods": pods}
+    with FakeApiServer(rbac=rbac) as api:
+        _cluster(api, pods)
+        # The floor: the same number of binds, one plain client call after another.
+        cfg = client.Configuration(host=api.url)
+        cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
+        core = client.CoreV1Api(client.ApiClient(cfg))
+        for i in range(pods):
+            api.add_pod("floor", f"p-{i}", scheduler="other", requests={"nvidia.com/gpu": "8"})
+        t0 = time.monotonic()
+        for i in range(pods):
+            core.create_namespaced_pod_binding(f"p-{i}", "floor", client.V1Binding(
+                metadata=client.V1ObjectMeta(name=f"p-{i}"),
+                target=client.V1ObjectReference(api_version="v1", kind="Node", name=f"gpu-{i:04d}")),
+                _preload_content=False)
+        out["floor_plain_client_pods_per_s"] = round(pods / (time.monotonic() - t0), 1)
+        for (ns, name) in [k for k in api.pods if k[0] == "floor"]:
+            del api.pods[(ns, name)]
+        proc, _url = _serve(api, tmp)
+        try:
+            cpu0 = _cpu(proc.pid)
+            t0 = time.monotonic()
+            for i in range(pods):
+                api.add_pod("train", f"g-{i}", scheduler="kmend", requests={"nvidia.com/gpu": "8"},
+                            labels={"scheduling.x-k8s.io/pod-group": "g"})
+            first = _wait(lambda: any(p["spec"].get("nodeName") for (ns, _), p in api.pods.items() if ns == "train"))
+            total = _wait(lambda: all(p["spec"].get("nodeName") for (ns, _), p in api.pods.items() if ns == "train"))
+            cpu = _cpu(proc.pid) - cpu0
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+    out.update({"kmend_first_bind_s": round(first, 3), "kmend_all_bound_s": round(total, 3),
+                "kmend_pods_per_s": round(pods / max(total - first, 1e-3), 1),
+                "kmend_cpu_ms_per_pod": round(cpu * 1000 / pods, 2)})
+    return out
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--faults", type=int, default=100)
+    p.add_argument("--pods", type=int, default=64)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        for i, fn in enumerate((lambda t: cordon_latency(args.faults, t), leaf_quarantine,
+                                lambda t: binds(args.pods, t))):
+            t = Path(d) / str(i)
+            t.mkdir()
+            print(json.dumps(fn(t)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
