@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import json
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -119,8 +120,11 @@ class KubeCluster:
         return cls(client.ApiClient(cfg), **kwargs)
 
     def list_nodes(self) -> Sequence[NodeInfo]:
-        nodes = call_api(self.core.list_node, _request_timeout=self.timeout)
-        return [self._info(n) for n in nodes.items]
+        # Read as plain JSON: the client's model objects cost about a millisecond per node, and the breaker
+        # lists every node before each automatic cordon (12,500 nodes would be seconds per decision).
+        resp: Any = call_api(self.core.list_node, _request_timeout=self.timeout, _preload_content=False)
+        items = json.loads(resp.data).get("items") or []
+        return [self._info_json(n) for n in items]
 
     def get_node(self, name: str) -> NodeInfo:
         return self._info(call_api(self.core.read_node, name, _request_timeout=self.timeout))
@@ -210,6 +214,17 @@ class KubeCluster:
                 if attempt == _CONFLICT_RETRIES - 1:
                     raise
         raise TemporaryError(f"taints of {name} kept changing")
+
+    @staticmethod
+    def _info_json(n: dict[str, Any]) -> NodeInfo:
+        meta, spec, status = n.get("metadata") or {}, n.get("spec") or {}, n.get("status") or {}
+        taints = tuple(Taint(t.get("key", ""), t.get("value") or "", t.get("effect", ""))
+                       for t in spec.get("taints") or [])
+        conds = tuple(Condition(c.get("type", ""), c.get("status", ""), c.get("reason") or "", c.get("message") or "")
+                      for c in status.get("conditions") or [])
+        return NodeInfo(name=meta.get("name", ""), unschedulable=bool(spec.get("unschedulable")), taints=taints,
+                        labels=dict(meta.get("labels") or {}), conditions=conds,
+                        annotations=dict(meta.get("annotations") or {}))
 
     @staticmethod
     def _info(n: Any) -> NodeInfo:
