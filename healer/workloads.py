@@ -1,6 +1,6 @@
 """The Workloads port: pods, evictions, owners and ConfigMaps, as the healer's steps need them.
 
-Adapters: ``healer.kube_workloads.KubeWorkloads`` (official client) and ``sim.workloads.SimWorkloads``
+Adapters: ``healer.kube.workloads.KubeWorkloads`` (official client) and ``sim.workloads.SimWorkloads``
 (in memory, with the API server's behaviour). Both pass ``tests/contract/test_workloads_contract.py``.
 """
 

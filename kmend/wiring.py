@@ -63,9 +63,9 @@ def make_ports(settings: Settings) -> Ports:
         choice = "kube" if (in_cluster or has_kubeconfig) else "sim"
         settings = settings.model_copy(update={"in_cluster": in_cluster})
     if choice == "kube":
-        from healer.kube import KubeCluster  # only here: the sim default needs no client
-        from healer.kube_lease import KubeLeases
-        from healer.kube_workloads import KubeWorkloads
+        from healer.kube.cluster import KubeCluster  # only here: the sim default needs no client
+        from healer.kube.lease import KubeLeases
+        from healer.kube.workloads import KubeWorkloads
 
         log.info("acting on a real cluster")
         cluster = KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
@@ -113,8 +113,8 @@ def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics
     if not enabled:
         return None
     if port is None:
-        from healer.kube import KubeCluster
-        from healer.kube_pods import KubePodScheduling
+        from healer.kube.cluster import KubeCluster
+        from healer.kube.pods import KubePodScheduling
 
         if not isinstance(cluster, KubeCluster):
             raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")

@@ -11,8 +11,8 @@ from kubernetes import client
 
 from healer.cluster import ClusterEvent, PermanentError, Taint, TemporaryError
 from healer.executor import PlanExecutor
-from healer.kube import KubeCluster
-from healer.kube_workloads import KubeWorkloads
+from healer.kube.cluster import KubeCluster
+from healer.kube.workloads import KubeWorkloads
 from healer.notify import LogNotifier
 from healer.policy_file import load_policy
 from healer.records import ActionStep, Mode, Plan, PlanState, StepKind, StepState

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from healer.kube import KubeCluster
-from healer.kube_workloads import KubeWorkloads
+from healer.kube.cluster import KubeCluster
+from healer.kube.workloads import KubeWorkloads
 from healer.notify import LogNotifier
 from healer.records import ActionStep, Mode, Plan, StepKind, StepState
 from healer.steps.base import StepContext, StepOutcome
@@ -222,8 +222,8 @@ def test_cluster_role_grants_exactly_the_verbs_the_adapters_use(world: World, tm
     from healer.cluster import ClusterEvent, Condition, Taint
     from healer.gang.port import ObjectRef, PodGroupPhase, PodGroupStatus
     from healer.gang.records import PodGroupKind
-    from healer.kube_lease import KubeLeases
-    from healer.kube_pods import KubePodScheduling, pod_record
+    from healer.kube.lease import KubeLeases
+    from healer.kube.pods import KubePodScheduling, pod_record
     from healer.lease import LeaderElector
     from healer.workloads import ObjectKey
 

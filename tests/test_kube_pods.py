@@ -9,7 +9,7 @@ from healer.cluster import NotFoundError, PermanentError, TemporaryError
 from healer.gang.port import ConflictError
 from healer.gang.quantity import canonical
 from healer.gang.records import PodGroupKind, SelectorOperator, TolerationOperator
-from healer.kube_pods import effective_requests, map_error, node_record, pod_group_record, pod_record
+from healer.kube.pods import effective_requests, map_error, node_record, pod_group_record, pod_record
 
 
 @pytest.mark.parametrize(("resource", "text", "value"), [
@@ -76,7 +76,7 @@ def test_pod_group_status_and_events_reach_the_api_with_api_field_names() -> Non
     from kubernetes import client
 
     from healer.gang.port import ObjectRef, PodGroupPhase, PodGroupStatus
-    from healer.kube_pods import REASON_ANNOTATION, KubePodScheduling
+    from healer.kube.pods import REASON_ANNOTATION, KubePodScheduling
     from tests.fake_apiserver import FakeApiServer
 
     with FakeApiServer() as api:

@@ -12,7 +12,7 @@ from kubernetes import client
 
 from healer.gang.port import PodChanges, PodKey
 from healer.gang.records import PodRecord
-from healer.kube_pods import KubePodScheduling
+from healer.kube.pods import KubePodScheduling
 from tests.fake_apiserver import FakeApiServer
 
 Held = dict[PodKey, PodRecord]

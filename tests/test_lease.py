@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from analyzer.rules import Rule
-from healer.kube_lease import KubeLeases
+from healer.kube.lease import KubeLeases
 from healer.lease import LeaderElector, LeaseRecord, Leases
 from healer.records import PlanState, StepState
 from sim.lease import SimLeases

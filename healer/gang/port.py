@@ -1,6 +1,6 @@
 """The PodScheduling port: the one door through which the gang scheduler reads and binds pods.
 
-Adapters: ``healer.kube_pods.KubePodScheduling`` (official client, real API server) and
+Adapters: ``healer.kube.pods.KubePodScheduling`` (official client, real API server) and
 ``sim.pods.SimPods`` (in memory). Both pass ``tests/contract/test_binding_contract.py``.
 """
 

@@ -36,7 +36,7 @@ def _sim() -> Iterator[tuple[PodScheduling, Make, str]]:
 def _kube(path: str) -> Iterator[tuple[PodScheduling, Make, str]]:
     from kubernetes import client, config
 
-    from healer.kube_pods import KubePodScheduling, pod_record
+    from healer.kube.pods import KubePodScheduling, pod_record
 
     api: Any = config.new_client_from_config(config_file=path)
     core = client.CoreV1Api(api)
@@ -64,7 +64,7 @@ def _kube(path: str) -> Iterator[tuple[PodScheduling, Make, str]]:
 def _kube_fake() -> Iterator[tuple[PodScheduling, Make, str]]:
     from kubernetes import client
 
-    from healer.kube_pods import KubePodScheduling, pod_record
+    from healer.kube.pods import KubePodScheduling, pod_record
 
     with FakeApiServer() as api:
         api.add_node("node-a")

@@ -37,7 +37,7 @@ def _kube() -> Iterator[tuple[Cluster, NodeFactory]]:
         pytest.skip("KMEND_TEST_KUBECONFIG is not set: no real cluster to run the contract on")
     from kubernetes import client, config
 
-    from healer.kube import KubeCluster
+    from healer.kube.cluster import KubeCluster
 
     cfg = client.Configuration()
     config.load_kube_config(config_file=path, client_configuration=cfg)
@@ -63,7 +63,7 @@ def _kube() -> Iterator[tuple[Cluster, NodeFactory]]:
 def _kube_fake() -> Iterator[tuple[Cluster, NodeFactory]]:
     from kubernetes import client
 
-    from healer.kube import KubeCluster
+    from healer.kube.cluster import KubeCluster
 
     with FakeApiServer() as api:
         def make() -> str:

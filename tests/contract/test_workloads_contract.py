@@ -62,7 +62,7 @@ def _sim() -> Iterator[Env]:
 def _kube_fake() -> Iterator[Env]:
     from kubernetes import client
 
-    from healer.kube_workloads import KubeWorkloads
+    from healer.kube.workloads import KubeWorkloads
 
     with FakeApiServer() as api:
         api.add_node("contract-node")
@@ -97,7 +97,7 @@ def _kube() -> Iterator[Env]:
         pytest.skip("KMEND_TEST_KUBECONFIG is not set: no real cluster to run the contract on")
     from kubernetes import client, config
 
-    from healer.kube_workloads import KubeWorkloads
+    from healer.kube.workloads import KubeWorkloads
 
     cfg = client.Configuration()
     config.load_kube_config(config_file=path, client_configuration=cfg)

@@ -40,7 +40,7 @@ from healer.gang.records import (
     Toleration,
     TolerationOperator,
 )
-from healer.kube_watch import PodInformer
+from healer.kube.watch import PodInformer
 
 REASON_ANNOTATION = "kmend.io/schedule-reason"
 """PodGroup annotation holding kmend's reason (coscheduling's status schema has no message field)."""

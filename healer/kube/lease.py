@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from healer.kube import translate
+from healer.kube.cluster import translate
 from healer.lease import LeaseConflict, LeaseRecord
 
 

@@ -1,6 +1,6 @@
 """KubeCluster: the Cluster port on a real API server, through the official client.
 
-Only this module (and its kube_* siblings) imports ``kubernetes``. Facts it relies
+Only this package (``healer.kube``) imports ``kubernetes``. Facts it relies
 on are in ../shared/KUBERNETES-API.md: cordon is ``spec.unschedulable``; taints
 are a whole list, written read-modify-write with ``resourceVersion`` so a
 concurrent writer gets 409 instead of being overwritten; node conditions go

@@ -16,7 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from healer.cluster import NotFoundError
-from healer.kube import call_api, create_once, translate
+from healer.kube.cluster import call_api, create_once, translate
 from healer.workloads import ObjectKey, OwnerRef, PodInfo
 
 MERGE_PATCH = "application/merge-patch+json"
