@@ -271,6 +271,8 @@ class FakeApiServer:
                 return self._status(409, "AlreadyExists", f'events "{meta["name"]}" already exists')
             if not ev.get("involvedObject", {}).get("name"):
                 return self._status(422, "Invalid", "involvedObject.name: Required value")
+            if refusal := _event_namespace_refusal(ev):
+                return self._status(422, "Invalid", refusal)
             self.events.append(ev)
             return 201, ev
         return self._status(404, "NotFound", f"the server could not find the requested resource {path}")
@@ -344,6 +346,20 @@ _MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _event_namespace_refusal(ev: dict[str, Any]) -> str | None:
+    """A core/v1 Event lives in its object's namespace; one about a cluster-scoped object in ``default``.
+
+    Same check and message as the API server's event validation (KUBERNETES-API.md); kmend sends
+    core/v1 Events without ``eventTime``, so ``kube-system`` is not accepted here.
+    """
+    ns = ev["metadata"]["namespace"]
+    involved = ev["involvedObject"].get("namespace") or ""
+    if involved == ns or (not involved and ns == "default"):
+        return None
+    return (f'Event "{ev["metadata"]["name"]}" is invalid: involvedObject.namespace: '
+            f'Invalid value: "{involved}": does not match event.namespace')
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:

@@ -120,3 +120,13 @@ def test_a_keyed_event_sent_again_after_a_crash_is_not_duplicated(api: FakeApiSe
     kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
     kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
     assert [e["reason"] for e in api.events] == ["KmendQuarantine", "KmendRepairRequested"]
+
+
+def test_node_event_lands_in_default_whatever_the_event_namespace_setting(api: FakeApiServer) -> None:
+    # The shipped Deployment sets KMEND_EVENT_NAMESPACE=kmend-system; a real API server refuses an Event
+    # about a Node anywhere but `default` (422), which used to fail every quarantine plan at its event step.
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=api.url)), event_namespace="kmend-system",
+                       request_timeout_s=5)
+    kube.emit_event(ClusterEvent("gpu-1", "KmendQuarantine", "incident inc-9: gpu_lost", key="plan-9-1"))
+    [ev] = api.events
+    assert ev["metadata"]["namespace"] == "default" and not ev["involvedObject"].get("namespace")
