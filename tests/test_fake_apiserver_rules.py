@@ -57,3 +57,64 @@ def test_event_about_a_namespaced_object_lives_in_its_namespace(
     assert err.value.status == 422
     assert '"team-a": does not match event.namespace' in json.loads(err.value.body)["message"]
     api.create_namespaced_event("team-a", _node_event("team-a", involved_namespace="team-a"))
+
+
+def test_status_is_written_only_through_the_status_subresource(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    cond = {"type": "KmendHealthy", "status": "False", "reason": "Xid79"}
+    api.patch_node("gpu-1", {"status": {"conditions": [cond]}})
+    assert "KmendHealthy" not in {c["type"] for c in server.nodes["gpu-1"]["status"]["conditions"]}
+    api.patch_node_status("gpu-1", {"status": {"conditions": [cond]}})
+    assert "KmendHealthy" in {c["type"] for c in server.nodes["gpu-1"]["status"]["conditions"]}
+
+
+def test_new_node_carries_not_ready_taint_until_ready(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    _, api = core
+    api.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="gpu-2")))
+    assert [(t.key, t.effect) for t in api.read_node("gpu-2").spec.taints] == [
+        ("node.kubernetes.io/not-ready", "NoSchedule")]
+    api.patch_node_status("gpu-2", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    assert not api.read_node("gpu-2").spec.taints
+
+
+def _bind(api: client.CoreV1Api, pod: str, node: str) -> None:
+    body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod),
+                            target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"))
+    api.create_namespaced_pod_binding(pod, "team-a", body, _preload_content=False)
+
+
+def test_binding_an_already_bound_pod_is_409(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_node("gpu-2")
+    server.add_pod("team-a", "w-0", scheduler="kmend")
+    _bind(api, "w-0", "gpu-1")
+    with pytest.raises(ApiException) as err:
+        _bind(api, "w-0", "gpu-2")
+    assert err.value.status == 409
+    assert api.read_namespaced_pod("w-0", "team-a").spec.node_name == "gpu-1"
+
+
+def test_eviction_under_a_budget_allowing_no_disruption_is_429(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_pod("team-a", "w-0", node="gpu-1", phase="Running", labels={"job": "j"})
+    server.add_object("policy", "v1", "poddisruptionbudgets", "team-a", {
+        "metadata": {"name": "j"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"job": "j"}}}})
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="w-0", namespace="team-a"))
+    with pytest.raises(ApiException) as err:
+        api.create_namespaced_pod_eviction("w-0", "team-a", eviction)
+    assert err.value.status == 429
+    assert not api.read_namespaced_pod("w-0", "team-a").metadata.deletion_timestamp
+
+
+def test_deleted_bound_pod_stays_terminating_until_a_grace_0_delete(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_pod("team-a", "w-0", node="gpu-1", phase="Running")
+    api.delete_namespaced_pod("w-0", "team-a")
+    assert api.read_namespaced_pod("w-0", "team-a").metadata.deletion_timestamp is not None
+    api.delete_namespaced_pod("w-0", "team-a", grace_period_seconds=0)
+    with pytest.raises(ApiException) as err:
+        api.read_namespaced_pod("w-0", "team-a")
+    assert err.value.status == 404
