@@ -185,6 +185,11 @@ class FakeApiServer:
                 del self.pods[(namespace, name)]
                 self.pod_changed("DELETED", pod)
 
+    def run_disruption_controller(self) -> None:
+        """A bare API server runs no controllers: tests call this where the disruption controller would run."""
+        with self._lock:
+            self.workload.run_disruption_controller()
+
     def install_crd(self, group: str, version: str) -> None:
         """Serve ``podgroups`` of ``group/version`` (an uninstalled CRD answers 404)."""
         self.custom.setdefault((group, version), {})

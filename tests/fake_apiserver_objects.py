@@ -176,15 +176,24 @@ class ObjectRoutes:
             if len(budgets) > 1:
                 return status(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the "
                                                     "eviction subresource does not support.")
-            if budgets and self._disruptions_allowed(budgets[0]) <= 0:
+            # The API server reads status.disruptionsAllowed, which only the disruption controller writes:
+            # a budget it has not processed yet allows nothing.
+            if budgets and int(budgets[0].get("status", {}).get("disruptionsAllowed", 0)) <= 0:
                 code, out = status(429, "TooManyRequests",
                                    "Cannot evict pod as it would violate the pod's disruption budget.")
                 out["details"] = {"causes": [{"reason": "DisruptionBudget", "message": (
                     f"The disruption budget {budgets[0]['metadata']['name']} needs "
                     f"{budgets[0]['spec'].get('minAvailable')} healthy pods")}]}
                 return code, out
+            if budgets:  # the eviction itself spends one disruption, as the API server writes to the budget
+                budgets[0]["status"]["disruptionsAllowed"] -= 1
         self.delete_pod(pod, (body.get("deleteOptions") or {}).get("gracePeriodSeconds"))
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    def run_disruption_controller(self) -> None:
+        """What kube-controller-manager's disruption controller does: write each budget's status."""
+        for budget in self.objects[("policy", "v1", "poddisruptionbudgets")].values():
+            budget.setdefault("status", {})["disruptionsAllowed"] = max(0, self._disruptions_allowed(budget))
 
     def _disruptions_allowed(self, budget: Json) -> int:
         healthy = [p for (ns, _), p in self.pods.items() if ns == budget["metadata"]["namespace"]
