@@ -185,6 +185,12 @@ class FakeApiServer:
                 del self.pods[(namespace, name)]
                 self.pod_changed("DELETED", pod)
 
+    def add_service_account(self, namespace: str, name: str = "default") -> None:
+        """What the serviceaccount controller does shortly after a namespace appears; pods need it to be admitted."""
+        with self._lock:
+            self.workload.namespaces.setdefault(namespace, {})
+            self.workload.service_accounts.add((namespace, name))
+
     def run_disruption_controller(self) -> None:
         """A bare API server runs no controllers: tests call this where the disruption controller would run."""
         with self._lock:

@@ -71,6 +71,8 @@ class ObjectRoutes:
         self.objects: dict[tuple[str, str, str], dict[tuple[str, str], Json]] = {k: {} for k in BUILT_IN}
         self.kinds: dict[tuple[str, str, str], str] = dict(BUILT_IN)
         self.namespaces: dict[str, Json] = {}
+        self.service_accounts: set[tuple[str, str]] = set()
+        """(namespace, name): only the serviceaccount controller (simulated by tests) creates ``default``."""
 
     def install(self, group: str, version: str, plural: str, kind: str) -> None:
         self.kinds[(group, version, plural)] = kind
@@ -137,6 +139,10 @@ class ObjectRoutes:
             return status(409, "AlreadyExists", f'pods "{name}" already exists')
         if not (body.get("spec") or {}).get("containers"):
             return status(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
+        account = (body.get("spec") or {}).get("serviceAccountName") or "default"
+        if (namespace, account) not in self.service_accounts:  # the ServiceAccount admission plugin
+            return status(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
+                                            f'{namespace}/{account}: serviceaccount "{account}" not found')
         pod = {**copy.deepcopy(body), "kind": "Pod", "apiVersion": "v1", "status": {"phase": "Pending"}}
         pod["metadata"] = self.meta(namespace, pod["metadata"])
         self.pods[(namespace, name)] = pod

@@ -135,3 +135,18 @@ def test_deleted_bound_pod_stays_terminating_until_a_grace_0_delete(
     with pytest.raises(ApiException) as err:
         api.read_namespaced_pod("w-0", "team-a")
     assert err.value.status == 404
+
+
+def test_pod_in_a_namespace_without_its_service_account_is_403(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="w-0"),
+                       spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")]))
+    with pytest.raises(ApiException) as err:
+        api.create_namespaced_pod("team-a", pod)
+    assert err.value.status == 403
+    assert 'error looking up service account team-a/default: serviceaccount "default" not found' in json.loads(
+        err.value.body)["message"]
+    server.add_service_account("team-a")
+    api.create_namespaced_pod("team-a", pod)
+    assert ("team-a", "w-0") in server.pods

@@ -90,6 +90,7 @@ def world() -> Iterator[World]:
                              {"pytorchjobs": "PyTorchJob", "jobsets": "JobSet", "commands": "Command"}[plural])
         api.install_crd("scheduling.x-k8s.io", "v1alpha1")
         api.install_crd("scheduling.volcano.sh", "v1beta1")
+        api.add_service_account(NS)  # the serviceaccount controller's work: pods are admitted only after it
         apis = client.ApiClient(client.Configuration(host=api.url))
         clock = Clock()
         ctx = StepContext(KubeCluster(apis), KubeWorkloads(apis), LogNotifier(), fast_policy(), None,  # type: ignore[arg-type]
