@@ -4,7 +4,8 @@ It implements just what the Cluster and PodScheduling ports use, with the behavi
 ../shared/KUBERNETES-API.md: strategic-merge patches on nodes (taints replaced
 whole, a stale ``metadata.resourceVersion`` gets 409), node conditions only
 through ``/status`` (merged by type; a plain patch ignores ``status``), events
-with ``generateName``; pods listed with field selectors and ``limit``/``continue``
+with ``generateName`` (422 for one about a Node outside ``default``); pods listed
+with field selectors and ``limit``/``continue``
 pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
 the UID precondition fails), deleted by setting ``deletionTimestamp`` while
 bound; pod lists carry the current ``resourceVersion`` and ``watch=true`` streams
