@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from tests import fake_schema
 from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
 from tests.fake_watch import PodWatchLog
 
@@ -283,6 +284,8 @@ class FakeApiServer:
                 return self._status(409, "AlreadyExists", f'events "{meta["name"]}" already exists')
             if not ev.get("involvedObject", {}).get("name"):
                 return self._status(422, "Invalid", "involvedObject.name: Required value")
+            if bad := fake_schema.refusal("Event", "v1", body):
+                return self._status(bad[0], "BadRequest" if bad[0] == 400 else "Invalid", bad[1])
             if refusal := _event_namespace_refusal(ev):
                 return self._status(422, "Invalid", refusal)
             self.events.append(ev)

@@ -7,6 +7,8 @@ cannot silently pass here and fail on a real cluster.
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -150,3 +152,18 @@ def test_pod_in_a_namespace_without_its_service_account_is_403(
     server.add_service_account("team-a")
     api.create_namespaced_pod("team-a", pod)
     assert ("team-a", "w-0") in server.pods
+
+
+def test_unknown_field_in_a_written_object_is_refused_with_its_path(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    body = {"metadata": {"generateName": "gpu-1.", "namespace": "default"}, "reason": "Test",
+            "involvedObject": {"kind": "Node", "name": "gpu-1", "nodeName": "gpu-1"}}
+    # Raw HTTP: the typed client would refuse the unknown field before sending it.
+    request = urllib.request.Request(f"{server.url}/api/v1/namespaces/default/events", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=5)
+    assert err.value.code == 400
+    assert json.loads(err.value.read())["message"] == 'strict decoding error: unknown field "involvedObject.nodeName"'
+    assert server.events == []
