@@ -1,6 +1,6 @@
 """The Cluster port: the one narrow door through which the healer touches a cluster.
 
-Adapters: ``healer.kube.KubeCluster`` (official client, real API server) and
+Adapters: ``healer.kube.cluster.KubeCluster`` (official client, real API server) and
 ``sim.cluster.SimCluster`` (in memory). Both pass ``tests/contract``.
 """
 

@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     cluster: Literal["auto", "sim", "kube"] = "auto"
     kubeconfig: str | None = None
     in_cluster: bool = False
-    event_namespace: str = "default"
+    event_namespace: str = "default"  # events about namespaced objects; Node events always go to `default`
     sim_nodes: int = 16
     sim_gpus_per_node: int = 8
     dry_run: bool = False

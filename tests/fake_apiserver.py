@@ -4,7 +4,8 @@ It implements just what the Cluster and PodScheduling ports use, with the behavi
 ../shared/KUBERNETES-API.md: strategic-merge patches on nodes (taints replaced
 whole, a stale ``metadata.resourceVersion`` gets 409), node conditions only
 through ``/status`` (merged by type; a plain patch ignores ``status``), events
-with ``generateName``; pods listed with field selectors and ``limit``/``continue``
+with ``generateName`` (422 for one about a Node outside ``default``); pods listed
+with field selectors and ``limit``/``continue``
 pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
 the UID precondition fails), deleted by setting ``deletionTimestamp`` while
 bound; pod lists carry the current ``resourceVersion`` and ``watch=true`` streams
@@ -30,11 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
+from tests import fake_schema
 from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
 from tests.fake_watch import PodWatchLog
-
-CLUSTER_SCOPED_KINDS = frozenset({"Node", "PersistentVolume", "Namespace", "StorageClass", "ClusterRole"})
-"""Kinds whose Events a real API server accepts only in the `default` namespace."""
 
 
 class RoleRules:
@@ -238,6 +237,17 @@ class FakeApiServer:
                 del self.pods[(namespace, name)]
                 self.pod_changed("DELETED", pod)
 
+    def add_service_account(self, namespace: str, name: str = "default") -> None:
+        """What the serviceaccount controller does shortly after a namespace appears; pods need it to be admitted."""
+        with self._lock:
+            self.workload.namespaces.setdefault(namespace, {})
+            self.workload.service_accounts.add((namespace, name))
+
+    def run_disruption_controller(self) -> None:
+        """A bare API server runs no controllers: tests call this where the disruption controller would run."""
+        with self._lock:
+            self.workload.run_disruption_controller()
+
     def install_crd(self, group: str, version: str) -> None:
         """Serve ``podgroups`` of ``group/version`` (an uninstalled CRD answers 404)."""
         self.custom.setdefault((group, version), {})
@@ -325,15 +335,10 @@ class FakeApiServer:
             involved = ev.get("involvedObject", {})
             if not involved.get("name"):
                 return self._status(422, "Invalid", "involvedObject.name: Required value")
-            # A real server (v1.36): an Event lives in its object's namespace; one about a cluster-scoped
-            # object (Node, PersistentVolume, Namespace) in `default`, with involvedObject.namespace empty.
-            obj_ns = involved.get("namespace", "")
-            if involved.get("kind") in CLUSTER_SCOPED_KINDS and (obj_ns or m.group(1) != "default"):
-                return self._status(422, "Invalid", f'Event "{meta["name"]}" is invalid: involvedObject.namespace: '
-                                                    f'Invalid value: "{obj_ns}": does not match event.namespace')
-            if involved.get("kind") not in CLUSTER_SCOPED_KINDS and obj_ns != m.group(1):
-                return self._status(422, "Invalid", f'Event "{meta["name"]}" is invalid: involvedObject.namespace: '
-                                                    f'Invalid value: "{obj_ns}": does not match event.namespace')
+            if bad := fake_schema.refusal("Event", "v1", body):
+                return self._status(bad[0], "BadRequest" if bad[0] == 400 else "Invalid", bad[1])
+            if refusal := _event_namespace_refusal(ev):
+                return self._status(422, "Invalid", refusal)
             self.events.append(ev)
             return 201, ev
         return self._status(404, "NotFound", f"the server could not find the requested resource {path}")
@@ -407,6 +412,20 @@ _MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _event_namespace_refusal(ev: dict[str, Any]) -> str | None:
+    """A core/v1 Event lives in its object's namespace; one about a cluster-scoped object in ``default``.
+
+    Same check and message as the API server's event validation (KUBERNETES-API.md); kmend sends
+    core/v1 Events without ``eventTime``, so ``kube-system`` is not accepted here.
+    """
+    ns = ev["metadata"]["namespace"]
+    involved = ev["involvedObject"].get("namespace") or ""
+    if involved == ns or (not involved and ns == "default"):
+        return None
+    return (f'Event "{ev["metadata"]["name"]}" is invalid: involvedObject.namespace: '
+            f'Invalid value: "{involved}": does not match event.namespace')
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:

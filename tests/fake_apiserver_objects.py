@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from tests import fake_schema
+
 Json = dict[str, Any]
 Reply = tuple[int, Json]
 
@@ -71,6 +73,8 @@ class ObjectRoutes:
         self.objects: dict[tuple[str, str, str], dict[tuple[str, str], Json]] = {k: {} for k in BUILT_IN}
         self.kinds: dict[tuple[str, str, str], str] = dict(BUILT_IN)
         self.namespaces: dict[str, Json] = {}
+        self.service_accounts: set[tuple[str, str]] = set()
+        """(namespace, name): only the serviceaccount controller (simulated by tests) creates ``default``."""
 
     def install(self, group: str, version: str, plural: str, kind: str) -> None:
         self.kinds[(group, version, plural)] = kind
@@ -137,6 +141,12 @@ class ObjectRoutes:
             return status(409, "AlreadyExists", f'pods "{name}" already exists')
         if not (body.get("spec") or {}).get("containers"):
             return status(422, "Invalid", f'Pod "{name}" is invalid: spec.containers: Required value')
+        if bad := fake_schema.refusal("Pod", "v1", body):
+            return status(bad[0], "BadRequest" if bad[0] == 400 else "Invalid", bad[1])
+        account = (body.get("spec") or {}).get("serviceAccountName") or "default"
+        if (namespace, account) not in self.service_accounts:  # the ServiceAccount admission plugin
+            return status(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
+                                            f'{namespace}/{account}: serviceaccount "{account}" not found')
         pod = {**copy.deepcopy(body), "kind": "Pod", "apiVersion": "v1", "status": {"phase": "Pending"}}
         pod["metadata"] = self.meta(namespace, pod["metadata"])
         self.pods[(namespace, name)] = pod
@@ -176,15 +186,24 @@ class ObjectRoutes:
             if len(budgets) > 1:
                 return status(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the "
                                                     "eviction subresource does not support.")
-            if budgets and self._disruptions_allowed(budgets[0]) <= 0:
+            # The API server reads status.disruptionsAllowed, which only the disruption controller writes:
+            # a budget it has not processed yet allows nothing.
+            if budgets and int(budgets[0].get("status", {}).get("disruptionsAllowed", 0)) <= 0:
                 code, out = status(429, "TooManyRequests",
                                    "Cannot evict pod as it would violate the pod's disruption budget.")
                 out["details"] = {"causes": [{"reason": "DisruptionBudget", "message": (
                     f"The disruption budget {budgets[0]['metadata']['name']} needs "
                     f"{budgets[0]['spec'].get('minAvailable')} healthy pods")}]}
                 return code, out
+            if budgets:  # the eviction itself spends one disruption, as the API server writes to the budget
+                budgets[0]["status"]["disruptionsAllowed"] -= 1
         self.delete_pod(pod, (body.get("deleteOptions") or {}).get("gracePeriodSeconds"))
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    def run_disruption_controller(self) -> None:
+        """What kube-controller-manager's disruption controller does: write each budget's status."""
+        for budget in self.objects[("policy", "v1", "poddisruptionbudgets")].values():
+            budget.setdefault("status", {})["disruptionsAllowed"] = max(0, self._disruptions_allowed(budget))
 
     def _disruptions_allowed(self, budget: Json) -> int:
         healthy = [p for (ns, _), p in self.pods.items() if ns == budget["metadata"]["namespace"]

@@ -139,3 +139,27 @@ def test_a_keyed_event_sent_again_after_a_crash_is_not_duplicated(api: FakeApiSe
     kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
     kube.emit_event(ClusterEvent("gpu-1", "KmendRepairRequested", "replace", key="plan-1-9"))
     assert [e["reason"] for e in api.events] == ["KmendQuarantine", "KmendRepairRequested"]
+
+
+def test_node_event_lands_in_default_whatever_the_event_namespace_setting(api: FakeApiServer) -> None:
+    # The shipped Deployment sets KMEND_EVENT_NAMESPACE=kmend-system; a real API server refuses an Event
+    # about a Node anywhere but `default` (422), which used to fail every quarantine plan at its event step.
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=api.url)), event_namespace="kmend-system",
+                       request_timeout_s=5)
+    kube.emit_event(ClusterEvent("gpu-1", "KmendQuarantine", "incident inc-9: gpu_lost", key="plan-9-1"))
+    [ev] = api.events
+    assert ev["metadata"]["namespace"] == "default" and not ev["involvedObject"].get("namespace")
+
+
+def test_quarantine_plan_succeeds_with_the_deployments_event_namespace(api: FakeApiServer) -> None:
+    # The Deployment's KMEND_EVENT_NAMESPACE=kmend-system used to end every quarantine plan failed at its Event.
+    steps = (ActionStep("q-0", StepKind.CORDON, "gpu-1"),
+             ActionStep("q-1", StepKind.EVENT, "gpu-1", {"reason": "KmendQuarantine", "message": "inc-2: Xid 79"}))
+    kube = KubeCluster(client.ApiClient(client.Configuration(host=api.url)), event_namespace="kmend-system",
+                       request_timeout_s=5)
+    ctx = StepContext(kube, KubeWorkloads(kube.api), LogNotifier(), load_policy(), NoRequests(), NoRequests(),
+                      time.time)
+    done = PlanExecutor(ctx, NullJournal(), sleep=lambda _s: None).execute(
+        Plan("q", "inc-2", "quarantine-hardware", Mode.AUTO, steps))
+    assert done.state is PlanState.SUCCEEDED, [s.result for s in done.steps]
+    assert [e["metadata"]["namespace"] for e in api.events] == ["default"]

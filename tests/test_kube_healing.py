@@ -77,6 +77,7 @@ class World:
         for (ns, name), p in list(self.api.pods.items()):
             if p["metadata"].get("deletionTimestamp"):
                 self.api.finish_termination(ns, name)
+        self.api.run_disruption_controller()  # no controller-manager here: its budget status is simulated
 
 
 @pytest.fixture
@@ -89,6 +90,7 @@ def world() -> Iterator[World]:
                              {"pytorchjobs": "PyTorchJob", "jobsets": "JobSet", "commands": "Command"}[plural])
         api.install_crd("scheduling.x-k8s.io", "v1alpha1")
         api.install_crd("scheduling.volcano.sh", "v1beta1")
+        api.add_service_account(NS)  # the serviceaccount controller's work: pods are admitted only after it
         apis = client.ApiClient(client.Configuration(host=api.url))
         clock = Clock()
         ctx = StepContext(KubeCluster(apis), KubeWorkloads(apis), LogNotifier(), fast_policy(), None,  # type: ignore[arg-type]
@@ -112,6 +114,7 @@ def _drain_scenario(world: World) -> None:
     world.gang("llama", ["gpu-1", "gpu-1", "gpu-2"], None, {"app": "llama"})
     world.api.add_object("policy", "v1", "poddisruptionbudgets", NS, {
         "metadata": {"name": "llama"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "llama"}}}})
+    world.api.run_disruption_controller()
     rounds = world.run(StepKind.DRAIN, drain, "gpu-1", job="llama", namespace=NS, grace_s="120")
     first = next(rounds)
     assert first.state is StepState.WAITING and "eviction refused" in first.result and "429" in first.result
@@ -119,6 +122,7 @@ def _drain_scenario(world: World) -> None:
     assert [p["metadata"].get("deletionGracePeriodSeconds") for p in on_node] == [120, None]
     world.kubelet_finishes()
     world.api.add_pod(NS, "llama-0b", node="gpu-3", phase="Running", labels={"kmend.io/job": "llama", "app": "llama"})
+    world.api.run_disruption_controller()
     assert next(rounds).state is StepState.WAITING  # the second pod may go now: the budget has a new pod
     world.kubelet_finishes()
     assert next(rounds).state is StepState.SUCCEEDED

@@ -1,6 +1,6 @@
 """KubeCluster: the Cluster port on a real API server, through the official client.
 
-Only this module (and its kube_* siblings) imports ``kubernetes``. Facts it relies
+Only this package (``healer.kube``) imports ``kubernetes``. Facts it relies
 on are in ../shared/KUBERNETES-API.md: cordon is ``spec.unschedulable``; taints
 are a whole list, written read-modify-write with ``resourceVersion`` so a
 concurrent writer gets 409 instead of being overwritten; node conditions go
@@ -33,8 +33,6 @@ from healer.cluster import (
 )
 
 T = TypeVar("T")
-NODE_EVENT_NAMESPACE = "default"
-"""Where Events about Nodes must live (cluster-scoped objects' Events go to `default`)."""
 _CONFLICT_RETRIES = 5
 
 
@@ -92,6 +90,10 @@ def create_once(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         raise translate(exc) from exc
 
 
+#: Where core/v1 Events about cluster-scoped objects (Nodes) must live on a real API server.
+CLUSTER_SCOPED_EVENT_NAMESPACE = "default"
+
+
 class KubeCluster:
     """Cluster port on the Kubernetes API."""
 
@@ -99,6 +101,7 @@ class KubeCluster:
                  component: str = "kmend", request_timeout_s: float = 10.0) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
+        # Only for events about namespaced objects; Node events always go to `default` (see emit_event).
         self.event_namespace = event_namespace
         self.component = component
         self.timeout = request_timeout_s
@@ -164,13 +167,13 @@ class KubeCluster:
     def emit_event(self, event: ClusterEvent) -> None:
         node: Any = call_api(self.core.read_node, event.node, _request_timeout=self.timeout)
         now = dt.datetime.now(dt.UTC)
+        # A Node is cluster-scoped: the API server accepts a core/v1 Event about it only in `default`, with
+        # involvedObject.namespace empty (422 anywhere else), whatever event_namespace says.
+        namespace = CLUSTER_SCOPED_EVENT_NAMESPACE
         # A keyed event gets a name derived from its key: a retry after a crash meets 409 AlreadyExists.
-        # A Node is cluster-scoped: a real API server takes Events about it only in `default` (any other
-        # namespace is a 422 "involvedObject.namespace ... does not match event.namespace").
-        ns = NODE_EVENT_NAMESPACE
         meta = (client.V1ObjectMeta(name=f"{event.node}.kmend-{hashlib.sha256(event.key.encode()).hexdigest()[:12]}",
-                                    namespace=ns) if event.key else
-                client.V1ObjectMeta(generate_name=f"{event.node}.kmend-", namespace=ns))
+                                    namespace=namespace) if event.key else
+                client.V1ObjectMeta(generate_name=f"{event.node}.kmend-", namespace=namespace))
         body = client.CoreV1Event(
             metadata=meta,
             involved_object=client.V1ObjectReference(kind="Node", name=event.node, uid=node.metadata.uid,
@@ -180,7 +183,7 @@ class KubeCluster:
             reporting_component=self.component, reporting_instance=self.host,
             first_timestamp=now, last_timestamp=now, count=1, action="Remediate",
         )
-        create_once(self.core.create_namespaced_event, ns, body, _request_timeout=self.timeout)
+        create_once(self.core.create_namespaced_event, namespace, body, _request_timeout=self.timeout)
 
     def patch_node_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
                             annotations: Mapping[str, str | None] | None = None) -> None:

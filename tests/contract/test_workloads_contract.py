@@ -66,6 +66,7 @@ def _kube_fake() -> Iterator[Env]:
 
     with FakeApiServer() as api:
         api.add_node("contract-node")
+        api.add_service_account("contract")  # the serviceaccount controller's work on a real cluster
         for kind in (PYTORCHJOB, JOBSET, COMMAND):
             api.install_kind(*kind)
         clients = client.ApiClient(client.Configuration(host=api.url))

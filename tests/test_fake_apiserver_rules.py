@@ -1,0 +1,169 @@
+"""The loopback API server refuses what a real one refuses, one test per rule of KUBERNETES-API.md.
+
+Each test drives the fake through the official client, as kmend does, so a rule kmend depends on
+cannot silently pass here and fail on a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.fake_apiserver import FakeApiServer
+
+
+@pytest.fixture
+def core() -> Iterator[tuple[FakeApiServer, client.CoreV1Api]]:
+    with FakeApiServer() as server:
+        server.add_node("gpu-1")
+        yield server, client.CoreV1Api(client.ApiClient(client.Configuration(host=server.url)))
+
+
+def _node_event(namespace: str, involved_namespace: str | None = None) -> client.CoreV1Event:
+    return client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name="gpu-1.", namespace=namespace),
+        involved_object=client.V1ObjectReference(kind="Node", name="gpu-1", api_version="v1",
+                                                 namespace=involved_namespace),
+        reason="Test", message="m", type="Normal")
+
+
+def test_event_about_a_node_outside_default_is_422_naming_the_field(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    with pytest.raises(ApiException) as err:
+        api.create_namespaced_event("kmend-system", _node_event("kmend-system"))
+    assert err.value.status == 422
+    message = json.loads(err.value.body)["message"]
+    assert 'involvedObject.namespace: Invalid value: "": does not match event.namespace' in message
+    assert server.events == []
+
+
+def test_event_about_a_node_in_default_is_accepted(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    api.create_namespaced_event("default", _node_event("default"))
+    [ev] = server.events
+    assert ev["metadata"]["namespace"] == "default" and not ev["involvedObject"].get("namespace")
+
+
+def test_event_about_a_namespaced_object_lives_in_its_namespace(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    _, api = core
+    with pytest.raises(ApiException) as err:
+        api.create_namespaced_event("default", _node_event("default", involved_namespace="team-a"))
+    assert err.value.status == 422
+    assert '"team-a": does not match event.namespace' in json.loads(err.value.body)["message"]
+    api.create_namespaced_event("team-a", _node_event("team-a", involved_namespace="team-a"))
+
+
+def test_status_is_written_only_through_the_status_subresource(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    cond = {"type": "KmendHealthy", "status": "False", "reason": "Xid79"}
+    api.patch_node("gpu-1", {"status": {"conditions": [cond]}})
+    assert "KmendHealthy" not in {c["type"] for c in server.nodes["gpu-1"]["status"]["conditions"]}
+    api.patch_node_status("gpu-1", {"status": {"conditions": [cond]}})
+    assert "KmendHealthy" in {c["type"] for c in server.nodes["gpu-1"]["status"]["conditions"]}
+
+
+def test_new_node_carries_not_ready_taint_until_ready(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    _, api = core
+    api.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="gpu-2")))
+    assert [(t.key, t.effect) for t in api.read_node("gpu-2").spec.taints] == [
+        ("node.kubernetes.io/not-ready", "NoSchedule")]
+    api.patch_node_status("gpu-2", {"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    assert not api.read_node("gpu-2").spec.taints
+
+
+def _bind(api: client.CoreV1Api, pod: str, node: str) -> None:
+    body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod),
+                            target=client.V1ObjectReference(kind="Node", name=node, api_version="v1"))
+    api.create_namespaced_pod_binding(pod, "team-a", body, _preload_content=False)
+
+
+def test_binding_an_already_bound_pod_is_409(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_node("gpu-2")
+    server.add_pod("team-a", "w-0", scheduler="kmend")
+    _bind(api, "w-0", "gpu-1")
+    with pytest.raises(ApiException) as err:
+        _bind(api, "w-0", "gpu-2")
+    assert err.value.status == 409
+    assert api.read_namespaced_pod("w-0", "team-a").spec.node_name == "gpu-1"
+
+
+def test_eviction_under_a_budget_the_disruption_controller_has_not_processed_is_429(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    for name in ("w-0", "w-1"):
+        server.add_pod("team-a", name, node="gpu-1", phase="Running", labels={"job": "j"})
+    server.add_object("policy", "v1", "poddisruptionbudgets", "team-a", {
+        "metadata": {"name": "j"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"job": "j"}}}})
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="w-0", namespace="team-a"))
+    with pytest.raises(ApiException) as err:  # one disruption would be fine, but no status says so yet
+        api.create_namespaced_pod_eviction("w-0", "team-a", eviction)
+    assert err.value.status == 429
+    server.run_disruption_controller()
+    api.create_namespaced_pod_eviction("w-0", "team-a", eviction)
+    assert api.read_namespaced_pod("w-0", "team-a").metadata.deletion_timestamp is not None
+
+
+def test_eviction_under_a_budget_allowing_no_disruption_is_429(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_pod("team-a", "w-0", node="gpu-1", phase="Running", labels={"job": "j"})
+    server.add_object("policy", "v1", "poddisruptionbudgets", "team-a", {
+        "metadata": {"name": "j"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"job": "j"}}}})
+    server.run_disruption_controller()
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="w-0", namespace="team-a"))
+    with pytest.raises(ApiException) as err:
+        api.create_namespaced_pod_eviction("w-0", "team-a", eviction)
+    assert err.value.status == 429
+    assert not api.read_namespaced_pod("w-0", "team-a").metadata.deletion_timestamp
+
+
+def test_deleted_bound_pod_stays_terminating_until_a_grace_0_delete(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_pod("team-a", "w-0", node="gpu-1", phase="Running")
+    api.delete_namespaced_pod("w-0", "team-a")
+    assert api.read_namespaced_pod("w-0", "team-a").metadata.deletion_timestamp is not None
+    api.delete_namespaced_pod("w-0", "team-a", grace_period_seconds=0)
+    with pytest.raises(ApiException) as err:
+        api.read_namespaced_pod("w-0", "team-a")
+    assert err.value.status == 404
+
+
+def test_pod_in_a_namespace_without_its_service_account_is_403(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="w-0"),
+                       spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="busybox")]))
+    with pytest.raises(ApiException) as err:
+        api.create_namespaced_pod("team-a", pod)
+    assert err.value.status == 403
+    assert 'error looking up service account team-a/default: serviceaccount "default" not found' in json.loads(
+        err.value.body)["message"]
+    server.add_service_account("team-a")
+    api.create_namespaced_pod("team-a", pod)
+    assert ("team-a", "w-0") in server.pods
+
+
+def test_unknown_field_in_a_written_object_is_refused_with_its_path(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    body = {"metadata": {"generateName": "gpu-1.", "namespace": "default"}, "reason": "Test",
+            "involvedObject": {"kind": "Node", "name": "gpu-1", "nodeName": "gpu-1"}}
+    # Raw HTTP: the typed client would refuse the unknown field before sending it.
+    request = urllib.request.Request(f"{server.url}/api/v1/namespaces/default/events", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=5)
+    assert err.value.code == 400
+    assert json.loads(err.value.read())["message"] == 'strict decoding error: unknown field "involvedObject.nodeName"'
+    assert server.events == []
