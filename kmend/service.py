@@ -125,11 +125,14 @@ class Kmend:
         self.ready = True
 
     def rebuild(self) -> None:
-        """Replay stored findings so incidents (and their ids) come back as they were."""
+        """Refold the stored findings of live incidents so they (and their ids) come back as they were.
+
+        Finished incidents quiet for longer than the correlator keeps them stay in the store only,
+        and the findings are folded as one batch: one view per incident, not one per finding.
+        """
         with self._lock:
             corr = Correlator(window_s=self.window_s)
-            for f in self.store.findings_in_order():
-                corr.add(f)
+            corr.add_all(self.store.live_findings(keep_s=3 * self.window_s))
             states = self.store.incident_states()
             now = self.clock()
             for inc in corr.incidents():

@@ -11,7 +11,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, text
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from analyzer.records import Finding, Incident
@@ -212,6 +212,18 @@ class Store:
         if since_ts is not None:
             q = q.where(schema.findings.c.ts >= since_ts)
         with self.engine.connect() as conn:
+            return [finding_from_dict(r[0]) for r in conn.execute(q)]
+
+    def live_findings(self, keep_s: float) -> list[Finding]:
+        """Findings of incidents still open or being healed, or updated within `keep_s` of the newest, in order."""
+        inc, fnd = schema.incidents, schema.findings
+        with self.engine.connect() as conn:
+            newest = conn.execute(select(func.max(inc.c.updated_at))).scalar_one()
+            if newest is None:
+                return []
+            live = select(inc.c.id).where(or_(inc.c.state.in_(("open", "remediating")),
+                                              inc.c.updated_at >= newest - keep_s))
+            q = select(fnd.c.body).where(fnd.c.incident_id.in_(live)).order_by(fnd.c.seq)
             return [finding_from_dict(r[0]) for r in conn.execute(q)]
 
     def incident_states(self) -> dict[str, str]:
