@@ -125,14 +125,14 @@ class Kmend:
         self.ready = True
 
     def rebuild(self) -> None:
-        """Refold the stored findings of live incidents so they (and their ids) come back as they were.
+        """Put back the stored live incidents as they were (ids, members, state), without re-correlating.
 
-        Finished incidents quiet for longer than the correlator keeps them stay in the store only,
-        and the findings are folded as one batch: one view per incident, not one per finding.
+        Finished incidents quiet for longer than the correlator keeps them stay in the store only.
         """
         with self._lock:
             corr = Correlator(window_s=self.window_s)
-            corr.add_all(self.store.live_findings(keep_s=3 * self.window_s))
+            for stored in self.store.live_incidents(keep_s=3 * self.window_s):
+                corr.restore(stored)
             states = self.store.incident_states()
             now = self.clock()
             for inc in corr.incidents():

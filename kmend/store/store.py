@@ -21,6 +21,7 @@ from healer.records import ActionStep, Plan, StepState
 from kmend.serialize import (
     finding_from_dict,
     finding_to_dict,
+    incident_from_dict,
     incident_to_dict,
     plan_from_dict,
     plan_to_dict,
@@ -214,17 +215,25 @@ class Store:
         with self.engine.connect() as conn:
             return [finding_from_dict(r[0]) for r in conn.execute(q)]
 
-    def live_findings(self, keep_s: float) -> list[Finding]:
-        """Findings of incidents still open or being healed, or updated within `keep_s` of the newest, in order."""
+    def live_incidents(self, keep_s: float) -> list[Incident]:
+        """Incidents still open or being healed, or updated within `keep_s` of the newest, with their findings.
+
+        Findings come in the order they were stored; incidents merged into another have none of their own.
+        """
         inc, fnd = schema.incidents, schema.findings
         with self.engine.connect() as conn:
             newest = conn.execute(select(func.max(inc.c.updated_at))).scalar_one()
             if newest is None:
                 return []
-            live = select(inc.c.id).where(or_(inc.c.state.in_(("open", "remediating")),
-                                              inc.c.updated_at >= newest - keep_s))
-            q = select(fnd.c.body).where(fnd.c.incident_id.in_(live)).order_by(fnd.c.seq)
-            return [finding_from_dict(r[0]) for r in conn.execute(q)]
+            live = select(inc.c.id, inc.c.body).where(or_(inc.c.state.in_(("open", "remediating")),
+                                                          inc.c.updated_at >= newest - keep_s))
+            bodies = {r[0]: dict(r[1]) for r in conn.execute(live)}
+            members: dict[str, list[dict[str, Any]]] = {i: [] for i in bodies}
+            q = (select(fnd.c.incident_id, fnd.c.body).where(fnd.c.incident_id.in_(live.with_only_columns(inc.c.id)))
+                 .order_by(fnd.c.seq))
+            for iid, body in conn.execute(q):
+                members[iid].append(body)
+        return [incident_from_dict(bodies[i] | {"findings": fs}) for i, fs in members.items() if fs]
 
     def incident_states(self) -> dict[str, str]:
         """State of every stored incident."""
