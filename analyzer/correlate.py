@@ -166,6 +166,23 @@ class Correlator:
             self.prune(self._latest_ts - 3 * self.window_s)
         return out
 
+    def restore(self, incident: Incident) -> None:
+        """Put back a stored incident with its findings (a restart): they are not correlated again.
+
+        The root is the cause that opened or adopted the incident, or for symptoms only the one
+        that names the culprit most precisely (the first of them), as folding chose it.
+        """
+        causes = [f for f in incident.findings if not f.is_symptom_class and f.fault_class == incident.fault_class]
+        root = causes[0] if causes else max(incident.findings, key=narrowing)
+        d = _Draft(id=incident.id, root=root, findings=[root, *(f for f in incident.findings if f is not root)],
+                   state=incident.state, timeline=list(incident.timeline))
+        self._drafts[d.id] = d
+        for f in d.findings:
+            self._by_finding[f.id] = d.id
+            if f.where.job and f.where.node:
+                self.observe_placement(f.where.job, f.where.node, f.ts)
+        self._latest_ts = max(self._latest_ts, d.last_ts)
+
     def take_merges(self) -> list[tuple[str, str]]:
         """Incidents merged into another since the last call, as (merged id, surviving id)."""
         merges, self._merges = self._merges, []

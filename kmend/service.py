@@ -37,6 +37,7 @@ from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
+from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
 log = logging.getLogger("kmend.service")
 
@@ -111,6 +112,7 @@ class Kmend:
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
                                symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
         self._lock = threading.RLock()
+        self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
         self.ready = False
 
@@ -123,11 +125,14 @@ class Kmend:
         self.ready = True
 
     def rebuild(self) -> None:
-        """Replay stored findings so incidents (and their ids) come back as they were."""
+        """Put back the stored live incidents as they were (ids, members, state), without re-correlating.
+
+        Finished incidents quiet for longer than the correlator keeps them stay in the store only.
+        """
         with self._lock:
             corr = Correlator(window_s=self.window_s)
-            for f in self.store.findings_in_order():
-                corr.add(f)
+            for stored in self.store.live_incidents(keep_s=3 * self.window_s):
+                corr.restore(stored)
             states = self.store.incident_states()
             now = self.clock()
             for inc in corr.incidents():
@@ -143,10 +148,11 @@ class Kmend:
     def ingest(self, signals: Sequence[Signal]) -> IngestOutcome:
         """Store and analyze a batch; repeated ids are ignored."""
         with self._lock, self.metrics.batch_seconds.time():
+            analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
             try:
-                outcome = self.store.ingest(signals, self._analyze)
+                outcome = retrying(lambda: self.store.ingest(signals, analyse), self._retry_sleep)
             except Exception:
-                # The transaction rolled back; the correlator may hold its findings: rebuild it.
+                # Not transient, or still failing: the correlator may hold findings never stored: rebuild it.
                 self.rebuild()
                 raise
         for src, n in Tally(s.source.value for s in outcome.fresh).items():
@@ -193,8 +199,9 @@ class Kmend:
             settled = self.detectors.take_settled_dumps(t)
         judged = self.detectors.judge_dumps(settled) if settled else []
         with self._lock:
+            evaluate = EvaluateOnce(lambda: self._evaluate(t, judged))
             try:
-                outcome = self.store.record(lambda: self._evaluate(t, judged))
+                outcome = retrying(lambda: self.store.record(evaluate), self._retry_sleep)
             except Exception:
                 self.rebuild()
                 raise

@@ -32,9 +32,9 @@ def test_migration_creates_every_table_at_head(database_url: str) -> None:
     tables = set(inspect(store.engine).get_table_names())
     assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version", "audit_log", "breaker",
             "node_requests", "leases_seen"} <= tables
-    assert store.revision() == "0002"
+    assert store.revision() == "0003"
     store.migrate()  # idempotent
-    assert store.revision() == "0002"
+    assert store.revision() == "0003"
     from kmend.store import schema
 
     for table in schema.metadata.tables.values():  # the migrations create exactly the declared columns
@@ -136,3 +136,11 @@ def test_healing_ledger_breaker_requests_audit_and_journal_counts(database_url: 
     assert led.quarantined_nodes_since(0.0, exclude_plan="other") == {"gpu-1"}
     assert led.quarantined_nodes_since(0.0, exclude_plan="plan-1") == set()
     assert led.plans_started_since(0.0, exclude_plan="other") == 1
+
+
+def test_lookups_by_incident_time_and_plan_are_indexed(database_url: str) -> None:
+    """An incident's findings, findings by time and a plan's steps are read without scanning the tables."""
+    store = _store(database_url)
+    indexed = {(t, tuple(ix["column_names"])) for t in ("findings", "plan_steps")
+               for ix in inspect(store.engine).get_indexes(t)}
+    assert {("findings", ("incident_id",)), ("findings", ("ts",)), ("plan_steps", ("plan_id",))} <= indexed

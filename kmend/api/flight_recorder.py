@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from analyzer.detectors.flight_recorder import DumpError
 from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN
@@ -30,7 +31,7 @@ async def ingest_flight_recorder(
     """
     body = await read_body(request, settings.max_batch_bytes)
     try:
-        kmend.ingest_flight_recorder(job, rank, node, body)
+        await run_in_threadpool(kmend.ingest_flight_recorder, job, rank, node, body)  # parsing + lock: off the loop
     except DumpError as exc:
         raise HTTPException(400, f"not a readable Flight Recorder dump: {exc}") from exc
     return {"accepted": True, "job": job, "rank": rank}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from collector.fluentbit import parse_payload, record_to_signal
 from collector.signal import Signal
@@ -45,7 +46,8 @@ async def ingest_fluentbit(request: Request, kmend: KmendDep, settings: Settings
             signals.append(s)
     if problems:
         kmend.metrics.rejected_records.labels("fluentbit").inc(len(problems))
-    outcome = kmend.ingest(server_timed(signals, kmend, settings))
+    # Store and analysis block: off the event loop, so other requests are not held up.
+    outcome = await run_in_threadpool(kmend.ingest, server_timed(signals, kmend, settings))
     return {
         "accepted": outcome.accepted,
         "duplicates": outcome.duplicates,

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from collector.signal import Signal
 from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN, bound_time
@@ -81,7 +82,9 @@ async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDe
     except ValidationError as exc:
         kmend.metrics.rejected.inc()
         return validation_response(exc)
-    outcome = kmend.ingest(server_timed([to_record(s) for s in batch.signals], kmend, settings))
+    # Store and analysis block (database, lock): off the event loop, so /healthz and other requests go on.
+    signals = server_timed([to_record(s) for s in batch.signals], kmend, settings)
+    outcome = await run_in_threadpool(kmend.ingest, signals)
     return {
         "accepted": outcome.accepted,
         "duplicates": outcome.duplicates,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from analyzer.detectors.stacks import MAX_STACK_CHARS
 from kmend.api.deps import IngestAuth, KmendDep
@@ -37,5 +38,5 @@ async def ingest_stack(
         raise HTTPException(400, f"body: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     if not text.strip():
         raise HTTPException(400, "body: empty stack dump")
-    kmend.ingest_stack(job, rank, node, pid, text[:MAX_STACK_CHARS])
+    await run_in_threadpool(kmend.ingest_stack, job, rank, node, pid, text[:MAX_STACK_CHARS])  # takes the lock
     return {"accepted": True, "job": job, "rank": rank}

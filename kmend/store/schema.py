@@ -51,6 +51,8 @@ findings = Table(
     Column("node", String(253)),
     Column("body", JSON, nullable=False),
     Index("ix_findings_seq", "seq"),
+    Index("ix_findings_incident", "incident_id"),
+    Index("ix_findings_ts", "ts"),
 )
 
 plans = Table(
@@ -82,6 +84,7 @@ steps = Table(
     Column("updated_at", Float, nullable=False),
     Column("outputs", JSON),
     Index("ix_plan_steps_kind_updated", "kind", "updated_at"),
+    Index("ix_plan_steps_plan", "plan_id"),
 )
 
 audit_log = Table(

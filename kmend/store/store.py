@@ -11,7 +11,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, Table, create_engine, event, func, select, text
+from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from analyzer.records import Finding, Incident
@@ -21,6 +21,7 @@ from healer.records import ActionStep, Plan, StepState
 from kmend.serialize import (
     finding_from_dict,
     finding_to_dict,
+    incident_from_dict,
     incident_to_dict,
     plan_from_dict,
     plan_to_dict,
@@ -213,6 +214,26 @@ class Store:
             q = q.where(schema.findings.c.ts >= since_ts)
         with self.engine.connect() as conn:
             return [finding_from_dict(r[0]) for r in conn.execute(q)]
+
+    def live_incidents(self, keep_s: float) -> list[Incident]:
+        """Incidents still open or being healed, or updated within `keep_s` of the newest, with their findings.
+
+        Findings come in the order they were stored; incidents merged into another have none of their own.
+        """
+        inc, fnd = schema.incidents, schema.findings
+        with self.engine.connect() as conn:
+            newest = conn.execute(select(func.max(inc.c.updated_at))).scalar_one()
+            if newest is None:
+                return []
+            live = select(inc.c.id, inc.c.body).where(or_(inc.c.state.in_(("open", "remediating")),
+                                                          inc.c.updated_at >= newest - keep_s))
+            bodies = {r[0]: dict(r[1]) for r in conn.execute(live)}
+            members: dict[str, list[dict[str, Any]]] = {i: [] for i in bodies}
+            q = (select(fnd.c.incident_id, fnd.c.body).where(fnd.c.incident_id.in_(live.with_only_columns(inc.c.id)))
+                 .order_by(fnd.c.seq))
+            for iid, body in conn.execute(q):
+                members[iid].append(body)
+        return [incident_from_dict(bodies[i] | {"findings": fs}) for i, fs in members.items() if fs]
 
     def incident_states(self) -> dict[str, str]:
         """State of every stored incident."""
