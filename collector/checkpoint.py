@@ -51,11 +51,16 @@ class CheckpointStore:
         """Write to a temporary file, fsync, rename over the old one."""
         if not self._dirty:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(self._data, fh, separators=(",", ":"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        write_json_atomically(self.path, self._data)
         self._dirty = False
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write to a temporary file, fsync, rename over the old one: a crash leaves the old file or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, separators=(",", ":"))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

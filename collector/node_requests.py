@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+
+from collector.checkpoint import write_json_atomically
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +123,7 @@ class RequestJournal:
                 done = [k for k, v in self._data.items() if v.get("state") == "delivered"]
                 for k in done[: len(self._data) - self.keep]:
                     del self._data[k]
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(tmp, "w") as fh:
-                json.dump(self._data, fh, separators=(",", ":"))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
+            write_json_atomically(self.path, self._data)
 
 
 class NodeRequestClient(Protocol):
