@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from healer.checkpoints import discover, is_object_store_url, object_store_path
+from healer.checkpoint_remote import is_object_store_url, object_store_path
+from healer.checkpoints import discover
 from healer.workloads import ObjectKey
 from tests.healing import Harness, incident
 

@@ -19,7 +19,7 @@ from collector.container_fs import FindCheckpointHandler, container_path
 from collector.gpu_reset import GpuResetHandler, pci_key
 from collector.node_requests import HttpNodeRequestClient, NodeRequest, NodeRequestRunner, RequestJournal
 from collector.sources.nvml_fake import FakeGpu, FakeNvml
-from healer.checkpoints import discover_json
+from healer.checkpoint_remote import discover_json
 from healer.policy_file import default_policy_path
 from healer.workloads import ObjectKey
 from tests.builders import container, kernel

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from healer.checkpoints import Discovery, discover, discovery_from_json, is_object_store_url, object_store_path
+from healer.checkpoint_remote import discovery_from_json, is_object_store_url, object_store_path
+from healer.checkpoints import Discovery, discover
 from healer.jobs import JobOwner, owner_of, pods_of_job
 from healer.keys import CHECKPOINT_PATH, RESUME_FROM
 from healer.records import ActionStep, Plan

@@ -47,7 +47,7 @@ from collector.sources.nvml import NvmlSource
 from collector.spool import DiskSpool, Value
 from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder
 from collector.validate import node_name_problem
-from healer.checkpoints import discover_json
+from healer.checkpoint_remote import discover_json
 from kmend.errors import ConfigError, from_validation
 
 log = logging.getLogger("kmend.agent")
