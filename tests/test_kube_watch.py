@@ -60,7 +60,7 @@ class Replica:
         self.held.update(zip(keys, got.pods, strict=True))
         return got
 
-    def until(self, done: Callable[[Held], bool], timeout: float = 10.0) -> None:
+    def until(self, done: Callable[[Held], bool], timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while not done(self.held):
             assert time.monotonic() < deadline, f"not reached; holding {sorted(self.held)}"
@@ -72,7 +72,7 @@ def _names(held: Held) -> set[str]:
     return {name for _, name in held}
 
 
-def _wait(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+def _wait(cond: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline
