@@ -195,7 +195,7 @@ def test_every_agent_setting_has_a_value_the_agent_parses(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize(("values", "message"), [
     ({"controlPlane": {"replicas": 3}}, "controlPlane.replicas=3 needs database.type=postgresql"),
-    ({"database": {"type": "mysql"}}, 'database.type="mysql": expected sqlite or postgresql'),
+    ({"database": {"type": "mysql"}}, "at '/database/type': value must be one of 'sqlite', 'postgresql'"),
     ({"database": {"type": "postgresql"}}, "database.type=postgresql needs database.postgresql.host"),
     ({"agent": {"privileged": False}}, "agent.privileged=false cannot open /dev/kmsg"),
     ({"agent": {"privileged": False, "config": {"kernel": "file"}}}, "agent.privileged=false cannot reset GPUs"),
@@ -225,3 +225,29 @@ def test_the_agent_reaches_the_service_with_the_token_the_service_expects() -> N
     assert token_vol["secret"]["secretName"] == ingest["name"]
     policy = _one(objs, "NetworkPolicy", "kmend")
     assert policy["spec"]["ingress"][0]["ports"][0]["port"] == dep["containers"][0]["ports"][0]["containerPort"]
+
+
+def test_values_schema_is_what_the_settings_classes_make() -> None:
+    gen = runpy.run_path(str(REPO / "deploy" / "tools" / "gen_values_schema.py"))
+    assert (CHART / "values.schema.json").read_text() == gen["render"](), (
+        "stale: run python deploy/tools/gen_values_schema.py")
+    schema = gen["build"]()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # values.yaml lists every setting the schema allows, each with kmend's default or null.
+    for section in ("controlPlane", "agent"):
+        assert set(values[section]["config"]) == set(schema["properties"][section]["properties"]["config"]
+                                                     ["properties"]), section
+
+
+@pytest.mark.parametrize(("values", "path", "says"), [
+    ({"controlPlane": {"config": {"hang_kk": 3}}}, "/controlPlane/config", "'hang_kk' not allowed"),
+    ({"controlPlane": {"config": {"hang_k": "abc"}}}, "/controlPlane/config/hang_k", "want number"),
+    ({"agent": {"config": {"kernel": "dmesg"}}}, "/agent/config/kernel", "'kmsg', 'file', 'off'"),
+    ({"agent": {"config": {"batch_size": 0}}}, "/agent/config/batch_size", "minimum"),
+    ({"controlPlane": {"replicas": 0}}, "/controlPlane/replicas", "minimum"),
+])
+def test_misspelt_or_mistyped_settings_fail_naming_them(values: dict[str, Any], path: str, says: str) -> None:
+    """Helm checks values.schema.json before rendering: `helm install` fails the same way."""
+    with pytest.raises(helm.HelmValuesError) as err:
+        _objects(values)
+    assert f"at '{path}'" in str(err.value) and says in str(err.value)
