@@ -6,6 +6,7 @@ Pure functions over the fields a rule extracted from the matched line.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -81,7 +82,9 @@ class DecodeRow:
         return any(status & s for s in self.status)
 
 
+@functools.lru_cache(maxsize=8192)
 def _fits(pattern: str, value: int) -> bool:
+    """Whether the value's low bits fit the pattern (cached: a fleet prints a few register values)."""
     bits = format(value, f"0{len(pattern)}b")[-len(pattern):]
     return all(p in ("-", b) for p, b in zip(pattern, bits, strict=True))
 
