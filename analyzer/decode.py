@@ -82,9 +82,7 @@ class DecodeRow:
         return any(status & s for s in self.status)
 
 
-@functools.lru_cache(maxsize=8192)
 def _fits(pattern: str, value: int) -> bool:
-    """Whether the value's low bits fit the pattern (cached: a fleet prints a few register values)."""
     bits = format(value, f"0{len(pattern)}b")[-len(pattern):]
     return all(p in ("-", b) for p, b in zip(pattern, bits, strict=True))
 
@@ -105,11 +103,16 @@ class Decoder:
         intrinfo = _hex(fields.get(self.intrinfo_field))
         if intrinfo is None:
             return None
-        status = _hex(fields.get(self.status_field))
-        hits = [r for r in self.rows if r.applies(intrinfo, status)]
-        if not hits:
-            return None
-        return max(hits, key=lambda r: ACTION_RANK[r.action])
+        return _decode(self, intrinfo, _hex(fields.get(self.status_field)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode(decoder: Decoder, intrinfo: int, status: int | None) -> DecodeRow | None:
+    """Cached: a fleet prints the same few register values again and again."""
+    hits = [r for r in decoder.rows if r.applies(intrinfo, status)]
+    if not hits:
+        return None
+    return max(hits, key=lambda r: ACTION_RANK[r.action])
 
 
 def _hex(raw: str | None) -> int | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from analyzer.exact import hyperscan_exact, hyperscan_pattern
 from analyzer.rules import LinearRegex, Rule, compile_linear
 
 _NL = ord("\n")
@@ -79,7 +80,7 @@ class Confirmer:
     the text. Any other line is searched as text. Both are RE2, linear in the line.
     """
 
-    __slots__ = ("_bytes", "_names", "_text")
+    __slots__ = ("_bytes", "_names", "_text", "exact")
 
     def __init__(self, rule: Rule) -> None:
         import re2
@@ -89,9 +90,16 @@ class Confirmer:
         self._text = rule.regex
         self._bytes = re2.compile(rule.pattern.encode("utf-8"), options=opts)
         self._names = tuple(sorted(rule.regex.groupindex.items(), key=operator.itemgetter(1)))
+        self.exact = not self._names and hyperscan_exact(rule.pattern)
+        """A hyperscan hit on an ASCII line is the rule's match there, with nothing to extract."""
 
-    def ascii(self, line: bytes) -> dict[str, str] | None:
-        """Named groups of the rule's match on an ASCII line, or None when it does not match."""
+    def ascii(self, line: bytes, *, hit: bool = False) -> dict[str, str] | None:
+        """Named groups of the rule's match on an ASCII line, or None when it does not match.
+
+        ``hit``: hyperscan reported a match ending in this line, as it reads (nothing cut off it).
+        """
+        if hit and self.exact:
+            return {}
         m = self._bytes.search(line)
         if m is None:
             return None
@@ -136,7 +144,7 @@ def _hyperscan_db(rules: Sequence[Rule]) -> tuple[Any, list[int]]:
     def compile_some(idx: list[int]) -> Any:
         db = hyperscan.Database()
         db.compile(
-            expressions=[rules[i].pattern.encode() for i in idx], ids=idx,
+            expressions=[hyperscan_pattern(rules[i].pattern).encode() for i in idx], ids=idx,
             elements=len(idx), flags=[flags] * len(idx),
         )
         return db
@@ -272,7 +280,7 @@ class MultiMatcher:
                     continue
                 seen.add(rule_no)
                 if ascii_only:
-                    groups = confirm[rule_no].ascii(data[start:stop])
+                    groups = confirm[rule_no].ascii(data[start:stop], hit=True)
                 else:
                     groups = confirm[rule_no].text(block[line])
                 if groups is not None:
@@ -305,13 +313,14 @@ class MultiMatcher:
                 stop = data.find(b"\n", at)
                 stop = len(data) if stop < 0 else stop
                 raw = data[start:stop].rstrip(b"\r")
+                whole = len(raw) == stop - start
                 text = ""
                 seen = set()
             if rule_no in seen:
                 continue
             seen.add(rule_no)
             if raw.isascii():
-                groups = confirm[rule_no].ascii(raw)
+                groups = confirm[rule_no].ascii(raw, hit=whole)
                 if groups is not None and not text:
                     text = raw.decode("ascii")
             else:
