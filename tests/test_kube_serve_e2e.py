@@ -164,6 +164,9 @@ def test_serve_against_a_strict_api_server_heals_an_xid79_end_to_end(tmp_path: P
         assert final["state"] == "succeeded", steps
         forbidden = [line for line in log.read_text().splitlines() if "Forbidden" in line or "(403)" in line]
         assert forbidden == [], forbidden[:5]
+        # Every built-in object kmend wrote went out with fieldValidation=Strict (a real server only warns about, and
+        # drops, a field it does not know otherwise) and none had a field the v1.36 schema lacks.
+        assert api.lax_writes == [] and api.warnings == [], (api.lax_writes[:5], api.warnings[:5])
         # Evicted through the API, recreated by the "operator", bound by kmend's scheduler: off gpu-1, one on a spare.
         bound = {name: p["spec"].get("nodeName") for (ns, name), p in api.pods.items() if ns == NS}
         assert ctl.recreated >= 1 and all(bound.values()) and "gpu-1" not in bound.values(), bound

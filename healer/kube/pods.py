@@ -40,6 +40,7 @@ from healer.gang.records import (
     Toleration,
     TolerationOperator,
 )
+from healer.kube.cluster import STRICT
 from healer.kube.watch import PodInformer
 
 REASON_ANNOTATION = "kmend.io/schedule-reason"
@@ -258,7 +259,7 @@ class KubePodScheduling:
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.name, uid=pod.uid or None),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         self._call(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body,
-                   _preload_content=False)
+                   field_validation=STRICT, _preload_content=False)
 
     def delete_pod(self, pod: PodRecord) -> None:
         """DELETE with a UID precondition: a missing or already recreated pod counts as released."""
@@ -282,7 +283,8 @@ class KubePodScheduling:
             first_timestamp=now, last_timestamp=now,
             source=client.V1EventSource(component=self.component), reporting_component=self.component)
         try:
-            self._call(self.core.create_namespaced_event, ref.namespace, event, _preload_content=False)
+            self._call(self.core.create_namespaced_event, ref.namespace, event, field_validation=STRICT,
+                       _preload_content=False)
         except NotFoundError:
             return
 
