@@ -31,7 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests import fake_schema
+from tests import fake_rules, fake_schema
 from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
 from tests.fake_watch import PodWatchLog
 
@@ -138,6 +138,7 @@ class FakeApiServer:
                     return
                 ctype = self.headers.get("Content-Type", "")
                 refused, warning = fake_schema.field_check(method, path, body, ctype, query)
+                refused = refused or fake_rules.refusal(method, path, body, ctype)
                 if refused is not None:
                     self._send(*refused)
                     return

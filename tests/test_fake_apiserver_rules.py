@@ -251,3 +251,60 @@ def test_unknown_field_in_other_objects_kmend_writes_is_refused_when_strict(
     assert (code, f'strict decoding error: unknown field "{field}"' in out["message"]) == (
         422 if method == "PATCH" else 400, True)
     assert not server.pods[("team-a", "w-0")]["metadata"].get("deletionTimestamp")
+
+
+@pytest.mark.parametrize(("method", "path", "body", "code", "message"), [
+    ("PATCH", "/api/v1/nodes/gpu-1", {"metadata": {"labels": {"kmend.io/spare-for": "training/llama"}}}, 422,
+     'Node "gpu-1" is invalid: metadata.labels: Invalid value: "training/llama": a valid label must be'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"metadata": {"annotations": {"kmend.io/repair request": "x"}}}, 422,
+     'Node "gpu-1" is invalid: metadata.annotations: Invalid value: "kmend.io/repair request": name part must'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [{"key": "kmend.io/fault", "value": "gpu lost",
+                                                            "effect": "NoSchedule"}]}}, 422,
+     'Node "gpu-1" is invalid: metadata.taints[0].value: Invalid value: "gpu lost": a valid label must be'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [{"key": "kmend.io/fault", "effect": "Quarantine"}]}}, 422,
+     'metadata.taints[0].effect: Unsupported value: "Quarantine": supported values: "NoSchedule", '
+     '"PreferNoSchedule", "NoExecute"'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [{"key": "a", "effect": "NoSchedule"},
+                                                           {"key": "a", "value": "x", "effect": "NoSchedule"}]}},
+     422, "taints must be unique by key and effect pair"),
+    ("POST", "/api/v1/namespaces/team-a/pods/w-0/binding",
+     {"metadata": {"name": "other"}, "target": {"kind": "Node", "name": "gpu-1"}}, 400,
+     "name in URL does not match name in Binding object"),
+    ("POST", "/api/v1/namespaces/team-a/pods/w-0/eviction",
+     {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "other"}}, 400,
+     "name in URL does not match name in Eviction object"),
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/kmend-system/leases",
+     {"metadata": {"name": "kmend"}, "spec": {"leaseDurationSeconds": 0}}, 422,
+     'Lease.coordination.k8s.io "kmend" is invalid: spec.leaseDurationSeconds: Invalid value: 0: must be greater '
+     "than 0"),
+    ("POST", "/api/v1/namespaces/team-a/configmaps", {"metadata": {"name": "Llama-kmend-resume-"}}, 422,
+     'ConfigMap "Llama-kmend-resume-" is invalid: metadata.name: Invalid value: "Llama-kmend-resume-": a lowercase '
+     "RFC 1123 subdomain"),
+    ("POST", "/api/v1/namespaces/team-a/configmaps", {"metadata": {"name": "cm"}, "data": {"resume from": "x"}}, 422,
+     'ConfigMap "cm" is invalid: data[resume from]: Invalid value: "resume from": a valid config key'),
+    ("POST", "/apis/batch/v1/namespaces/kmend-system/jobs", {"metadata": {"name": "kmend-validate-1"}, "spec": {
+        "template": {"spec": {"restartPolicy": "Always", "containers": [{"name": "c", "image": "busybox"}]}}}}, 422,
+     'Job.batch "kmend-validate-1" is invalid: spec.template.spec.restartPolicy: Required value: valid values: '
+     '"OnFailure", "Never"'),
+    ("POST", "/apis/batch/v1/namespaces/kmend-system/jobs", {"metadata": {"name": "k" * 64}, "spec": {
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}, 422,
+     f'spec.template.labels: Invalid value: "{"k" * 64}": must be no more than 63 characters'),
+])
+def test_the_servers_own_validation_of_what_kmend_writes(
+        core: tuple[FakeApiServer, client.CoreV1Api], method: str, path: str, body: dict[str, object], code: int,
+        message: str) -> None:
+    server, _ = core
+    server.add_pod("team-a", "w-0", node="gpu-1", phase="Running")
+    before = json.dumps(server.nodes["gpu-1"], sort_keys=True)
+    got, out, _ = _raw(server, method, path, body, "application/strategic-merge-patch+json" if method == "PATCH"
+                       else "application/json")
+    assert got == code and message in out["message"], out
+    assert json.dumps(server.nodes["gpu-1"], sort_keys=True) == before
+    assert not server.pods[("team-a", "w-0")]["metadata"].get("deletionTimestamp")
+
+
+def test_event_names_are_not_checked_as_subdomains(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    code, _, _ = _raw(server, "POST", "/api/v1/namespaces/default/events", {
+        "metadata": {"name": "GPU_1.x"}, "reason": "T", "involvedObject": {"kind": "Node", "name": "gpu-1"}})
+    assert code == 201 and [e["metadata"]["name"] for e in server.events] == ["GPU_1.x"]
