@@ -158,8 +158,11 @@ class FakeApiServer:
 
     def add_pod(self, namespace: str, name: str, *, scheduler: str = "default-scheduler", node: str = "",
                 requests: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-                phase: str = "Pending", owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Create a pod directly (as a controller would; a kubelet sets ``phase``) and return the stored object."""
+                phase: str = "Pending", owners: list[dict[str, Any]] | None = None,
+                gates: list[str] | None = None) -> dict[str, Any]:
+        """Create a pod directly (as a controller would; a kubelet sets ``phase``) and return the stored object.
+
+        ``gates`` are its ``spec.schedulingGates`` (a queue such as Kueue holds pods back with one)."""
         with self._lock:
             pod = {"kind": "Pod", "apiVersion": "v1",
                    "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
@@ -171,6 +174,8 @@ class FakeApiServer:
                    "status": {"phase": phase}}
             if node:
                 pod["spec"]["nodeName"] = node
+            if gates:
+                pod["spec"]["schedulingGates"] = [{"name": g} for g in gates]
             self.pods[(namespace, name)] = pod
             self.watch.record("ADDED", pod)
             self.workload.namespaces.setdefault(namespace, {})

@@ -134,7 +134,10 @@ def _bind(pod: dict[str, Any], body: Any) -> tuple[int, dict[str, Any]]:
                                         "then recreated")
     if pod["metadata"].get("deletionTimestamp"):
         return _status(409, "Conflict", f"pod {name} is being deleted, cannot be assigned to a host")
+    conflict = f'Operation cannot be fulfilled on pods/binding "{name}": '
     if pod["spec"].get("nodeName"):
-        return _status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+        return _status(409, "Conflict", f'{conflict}pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+    if pod["spec"].get("schedulingGates"):  # until every gate is removed, no scheduler may place it
+        return _status(409, "Conflict", f"{conflict}pod {name} has non-empty .spec.schedulingGates")
     pod["spec"]["nodeName"] = target["name"]
     return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}

@@ -308,3 +308,14 @@ def test_event_names_are_not_checked_as_subdomains(core: tuple[FakeApiServer, cl
     code, _, _ = _raw(server, "POST", "/api/v1/namespaces/default/events", {
         "metadata": {"name": "GPU_1.x"}, "reason": "T", "involvedObject": {"kind": "Node", "name": "gpu-1"}})
     assert code == 201 and [e["metadata"]["name"] for e in server.events] == ["GPU_1.x"]
+
+
+def test_binding_a_pod_with_scheduling_gates_is_409(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_pod("team-a", "w-0", scheduler="kmend", gates=["kueue.x-k8s.io/admission"])
+    with pytest.raises(ApiException) as err:
+        _bind(api, "w-0", "gpu-1")
+    assert err.value.status == 409
+    assert json.loads(err.value.body)["message"] == ('Operation cannot be fulfilled on pods/binding "w-0": '
+                                                     "pod w-0 has non-empty .spec.schedulingGates")
+    assert not api.read_namespaced_pod("w-0", "team-a").spec.node_name
