@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Protocol
 
@@ -92,8 +92,12 @@ class PlanExecutor:
         self.on_step = on_step
         self.on_plan = on_plan
 
-    def execute(self, plan: Plan) -> Plan:
-        """Run every unfinished step in order; stops at a waiting, failed or blocked step."""
+    def execute(self, plan: Plan, *, stop_before: Collection[StepKind] = ()) -> Plan:
+        """Run every unfinished step in order; stops at a waiting, failed or blocked step.
+
+        With ``stop_before``, it also stops (the plan still running) at the first unfinished step of one
+        of those kinds: the healer quarantines every node of a batch before draining any of them.
+        """
         if plan.state in FINAL_PLAN_STATES:
             return plan
         if plan.mode is Mode.DRY_RUN:
@@ -109,6 +113,8 @@ class PlanExecutor:
         for i, step in enumerate(steps):
             if step.state in DONE_STEP_STATES:
                 continue
+            if step.kind in stop_before:
+                return plan
             if not self.is_leader():
                 return plan
             if (why := self._taken_back(plan, step)) is not None:

@@ -34,6 +34,8 @@ from healer.cluster import (
 
 T = TypeVar("T")
 _CONFLICT_RETRIES = 5
+CONNECTION_POOL_SIZE = 32
+"""Keep-alive connections kept to the API server: the scheduler's bind workers, the healer and the pod watch."""
 
 
 def _now() -> str:
@@ -114,12 +116,17 @@ class KubeCluster:
         try:
             if in_cluster:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
-                return cls(client.ApiClient(), **kwargs)
-            cfg = client.Configuration()
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+                cfg = client.Configuration.get_default_copy()
+            else:
+                cfg = client.Configuration()
+                config.load_kube_config(config_file=kubeconfig,  # type: ignore[no-untyped-call]
+                                        client_configuration=cfg)
         except (config.ConfigException, OSError, ValueError) as exc:
             raise ClusterConfigError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) \
                 from None
+        # The client sizes its pool by the host's CPUs (5 per CPU): a pod limited to one CPU would get 5, fewer than
+        # the scheduler's bind workers, and every bind beyond them would open (and handshake) a connection of its own.
+        cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, CONNECTION_POOL_SIZE)
         return cls(client.ApiClient(cfg), **kwargs)
 
     def list_nodes(self) -> Sequence[NodeInfo]:
