@@ -109,21 +109,54 @@ def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
     with FakeApiServer(rbac=rbac) as api:
         # Enough nodes that the breaker (10 % of GPU nodes) never stops one fault at a time.
         _cluster(api, faults * 12)
+        cordoned = _cordon_clock(api)
+        # The floor: the cordon alone, a plain client's PATCH on the same server, as the server sees it land.
+        cfg = client.Configuration(host=api.url)
+        cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
+        core = client.CoreV1Api(client.ApiClient(cfg))
+        floor = []
+        for i in range(faults):
+            node = f"gpu-{i * 11 + 1:04d}"
+            t0 = time.monotonic()
+            core.patch_node(node, {"spec": {"unschedulable": True}}, _preload_content=False).data  # noqa: B018
+            floor.append((cordoned[node] - t0) * 1000)
         proc, url = _serve(api, tmp)
+        lat, ack = [], []
         try:
-            lat = []
-            for i in range(faults):
-                node = f"gpu-{i * 11:04d}"
-                t0 = time.monotonic()
-                _post(url, [_xid(node)])
-                _wait(lambda n=node: api.nodes[n]["spec"].get("unschedulable"))
-                lat.append((time.monotonic() - t0) * 1000)
+            with httpx.Client(base_url=url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
+                for i in range(faults):
+                    node = f"gpu-{i * 11:04d}"
+                    t0 = time.monotonic()
+                    agent.post("/v1/signals", json={"signals": [_xid(node)]}).raise_for_status()
+                    ack.append((time.monotonic() - t0) * 1000)
+                    _wait(lambda n=node: n in cordoned)
+                    lat.append((cordoned[node] - t0) * 1000)
         finally:
             _stop(proc)
-    lat.sort()
     return {"bench": "signal_to_cordon", "faults": faults, "server": "loopback fake, RBAC enforced",
-            "p50_ms": round(statistics.median(lat), 1), "p99_ms": round(lat[max(0, int(len(lat) * 0.99) - 1)], 1),
-            "max_ms": round(lat[-1], 1)}
+            **_percentiles("", lat), **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}
+
+
+def _percentiles(prefix: str, values: list[float]) -> dict[str, float]:
+    v = sorted(values)
+    return {f"{prefix}p50_ms": round(statistics.median(v), 1),
+            f"{prefix}p99_ms": round(v[max(0, int(len(v) * 0.99) - 1)], 1), f"{prefix}max_ms": round(v[-1], 1)}
+
+
+def _cordon_clock(api: FakeApiServer) -> dict[str, float]:
+    """When the server took each node's first cordon (its own clock, not a poll)."""
+    times: dict[str, float] = {}
+    handle = api.handle
+
+    def timed(method: str, path: str, body: Any, ctype: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        code, answer = handle(method, path, body, ctype, query)
+        if (method == "PATCH" and path.startswith("/api/v1/nodes/") and code < 300
+                and isinstance(body, dict) and (body.get("spec") or {}).get("unschedulable")):
+            times.setdefault(path.rsplit("/", 1)[1], time.monotonic())
+        return code, answer
+
+    api.handle = timed  # type: ignore[method-assign]
+    return times
 
 
 def leaf_quarantine(tmp: Path, nodes: int = 512) -> dict[str, Any]:

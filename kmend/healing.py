@@ -84,7 +84,8 @@ class Healing:
         """How soon a plan whose step waits is asked again (an answered request asks at once)."""
         self.resume_max_s = resume_max_s
         """The longest wait between two asks of a plan that makes no progress."""
-        self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock)
+        self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock,
+                           quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
         self.executor = PlanExecutor(ctx, store, guard=self.guard, is_leader=leader.is_leader,
                                      on_step=self._count_step, on_plan=self._announce, **kwargs)
@@ -119,7 +120,7 @@ class Healing:
                 return []
             self.metrics.leader.set(1)
             now = self.ctx.clock()
-            touched = self._plan_new(incidents, set_state, now)
+            touched = self._plan_new(incidents, set_state, now, interrupted)
             fresh = {p.id for p in touched}
             running = self.store.list_plans(state=PlanState.RUNNING.value)
             self._due = {p.id: self._due[p.id] for p in running if p.id in self._due}
@@ -152,8 +153,12 @@ class Healing:
             return touched + self._accept_nodes(now)
 
     def _plan_new(self, incidents: Sequence[Incident], set_state: Callable[[str, IncidentState, str], None],
-                  now: float) -> list[Plan]:
-        """Plans for incidents that have none yet; automatic ones quarantine their nodes first, all of them."""
+                  now: float, interrupted: Callable[[], bool]) -> list[Plan]:
+        """Plans for incidents that have none yet; automatic ones quarantine their nodes first, all of them.
+
+        The rest of each plan follows in the same round unless new work has come meanwhile: then it is left
+        to the resumes of the next rounds, after that work's quarantines.
+        """
         known = self.store.plan_ids()
         made: list[Plan] = []
         for inc in incidents:
@@ -172,15 +177,21 @@ class Healing:
             plan = choose_plan(inc, self.policy, self.config, ctx)
             self.store.save_plan(plan)
             self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
-            self._announce(Announcement.PLAN_CREATED, plan)
             if plan.mode is Mode.APPROVAL:
+                self._announce(Announcement.PLAN_CREATED, plan)
                 plan = replace(plan, state=PlanState.AWAITING_APPROVAL)
                 self.store.save_plan(plan)
                 self._announce(Announcement.NEEDS_APPROVAL, plan)
             elif plan.mode is Mode.AUTO:
-                # Cordon, taint, label, condition, Event: the node is out before anything slower runs.
+                # Cordon, taint, label, condition, Event: the node is out before anything slower runs, the
+                # announcement too (a webhook that answers slowly must not hold the cordon back).
                 plan = self.executor.execute(plan, stop_before=AFTER_QUARANTINE)
+                self._announce(Announcement.PLAN_CREATED, plan)
+            else:
+                self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
+        if interrupted():
+            return [self._settle(p, set_state) for p in made]
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
                 else self._settle(p, set_state) for p in made]
 

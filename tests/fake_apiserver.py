@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from tests import fake_schema
-from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
+from tests.fake_apiserver_objects import ObjectRoutes, labels_match, rbac_verb
 from tests.fake_watch import PodWatchLog
 
 
@@ -488,7 +488,9 @@ def _pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype:
                  if all((_FIELDS[k](p) == v) != neg for k, neg, v in terms)]
         return _page(items, "PodList", query, server.watch.version)
     if path == "/api/v1/nodes" and method == "GET":
-        return _page([server.nodes[n] for n in sorted(server.nodes)], "NodeList", query)
+        selected = [server.nodes[n] for n in sorted(server.nodes)
+                    if labels_match(server.nodes[n]["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
+        return _page(selected, "NodeList", query)
     m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?", path)
     if m:
         key = (m.group(1), m.group(2))

@@ -6,6 +6,7 @@ not on every round."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,41 @@ def test_the_lease_is_written_on_its_renewal_period_not_on_every_round() -> None
         clock.advance(0.1)
     assert 3 <= leases.writes <= 6  # acquired, then renewed every 2 s
     assert elector.is_leader()
+
+
+class _SlowWebhook:
+    """A notifier whose receiver answers slowly; it logs what it was told into the call log."""
+
+    def __init__(self, calls: list[tuple[str, str]]) -> None:
+        self.calls = calls
+
+    def notify(self, payload: dict[str, Any]) -> None:
+        self.calls.append(("notify", str(payload.get("event"))))
+
+
+def test_the_cordon_comes_before_any_announcement(shipped_rules: list[Rule], tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=100)
+    calls: list[tuple[str, str]] = []
+    _record(h.cluster, calls, "cordon")
+    h.ctx = replace(h.ctx, notifier=_SlowWebhook(calls))
+    h.healing().heal_once([incident(shipped_rules, [kernel("gpu-node-07", XID79, ts=T0)])], _no_state)
+    assert calls[0] == ("cordon", "gpu-node-07"), calls
+    assert ("notify", "plan_created") in calls
+
+
+def test_a_cordon_decision_reads_the_quarantined_nodes_not_the_whole_fleet(shipped_rules: list[Rule],
+                                                                           tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=100)
+    listed: list[str] = []
+    list_nodes = h.cluster.list_nodes
+
+    def counting(labels: dict[str, str] | None = None) -> Any:
+        listed.append("selected" if labels else "all")
+        return list_nodes(labels)
+
+    h.cluster.list_nodes = counting  # type: ignore[method-assign]
+    incidents = [incident(shipped_rules, [kernel(f"gpu-node-{i:02d}", XID79, ts=T0 + i)]) for i in range(8)]
+    h.healing().heal_once(incidents, _no_state)
+    assert len(h.world.applied("cordon")) == 8
+    # Eight breaker decisions read the labelled nodes; the fleet is counted once (and once more for acceptance).
+    assert listed.count("selected") == 8 and listed.count("all") <= 2, listed

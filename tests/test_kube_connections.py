@@ -1,6 +1,7 @@
-"""API connections on the scheduler's write path: binds, deletes and Events read their answers to the end, so the
-keep-alive connection goes back to the client's pool instead of a new one (a TLS handshake on a real server) per
-request; the pool holds as many connections as the scheduler binds in parallel."""
+"""API calls on the hot paths: binds, deletes and Events read their answers to the end, so the keep-alive connection
+goes back to the client's pool instead of a new one (a TLS handshake on a real server) per request; the pool holds as
+many connections as the scheduler binds in parallel; the breaker's list of quarantined nodes is selected by label on
+the server, not read as the whole fleet."""
 
 from __future__ import annotations
 
@@ -82,3 +83,15 @@ def test_binds_from_eight_workers_stay_on_eight_connections_on_a_one_cpu_host(
         list(pool.map(lambda i: port.bind(pods[i], f"n{i}"), range(160)))
     assert all(p["spec"].get("nodeName") for p in server.pods.values())
     assert accepted[0] <= 9, f"{accepted[0]} connections for 161 requests from 8 threads"
+
+
+def test_quarantined_nodes_are_selected_by_label_on_the_server(api: tuple[FakeApiServer, list[int]]) -> None:
+    server, _ = api
+    for i in range(50):
+        server.add_node(f"n{i}", {"kmend.io/quarantined": "true"} if i % 10 == 0 else {})
+    cluster = KubeCluster(client.ApiClient(client.Configuration(host=server.url)))
+    before = len(server.requests)
+    out = cluster.list_nodes({"kmend.io/quarantined": "true"})
+    assert sorted(n.name for n in out) == ["n0", "n10", "n20", "n30", "n40"]
+    assert [r for r in server.requests[before:]] == [("GET", "/api/v1/nodes")]
+    assert len(cluster.list_nodes()) == 50
