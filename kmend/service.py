@@ -56,6 +56,8 @@ class HealerConfig:
     """Loop period when nothing wakes it."""
     detector_interval_s: float = 1.0
     """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
+    resume_s: float = 1.0
+    """How often a plan whose step waits (pods terminating, a repair) is asked again."""
 
 
 class Kmend:
@@ -110,7 +112,8 @@ class Kmend:
                           reservations=scheduler.reservations if scheduler else None,
                           checkpoint_roots=None if checkpoint_roots is None else tuple(checkpoint_roots))
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
-                               symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
+                               symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep,
+                               resume_s=self.healer.resume_s)
         self._lock = threading.RLock()
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
@@ -293,11 +296,14 @@ class Kmend:
 
     # -- healing ---------------------------------------------------------------------
 
-    def heal_once(self) -> list[Plan]:
-        """Plan for new incidents and run runnable plans; returns the plans touched."""
+    def heal_once(self, *, interrupted: Callable[[], bool] = lambda: False) -> list[Plan]:
+        """Plan for new incidents and run runnable plans; returns the plans touched.
+
+        ``interrupted`` tells the round that new work has come: it stops resuming older plans.
+        """
         with self._lock:
             incidents = self.analyzer.correlator.incidents()
-        return self.healing.heal_once(incidents, self.set_incident_state)
+        return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
@@ -316,6 +322,9 @@ class Kmend:
     def run_healer(self, stop: threading.Event) -> None:
         """Healer loop: runs until `stop` is set; a failing round is logged, never fatal."""
         while not stop.is_set():
+            # Cleared before the round reads incidents: a wake during the round starts the next one at once,
+            # and tells this one to leave older plans for later.
+            self._wake.clear()
             try:
                 if self.clock() >= self._next_evaluation:
                     self._next_evaluation = self.clock() + self.healer.detector_interval_s
@@ -323,7 +332,7 @@ class Kmend:
             except Exception:
                 log.exception("detector evaluation failed")
             try:
-                self.heal_once()
+                self.heal_once(interrupted=self._wake.is_set)
                 self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
@@ -334,7 +343,6 @@ class Kmend:
                 except Exception:
                     log.exception("metrics refresh failed")
             self._wake.wait(self.healer.interval_s)
-            self._wake.clear()
 
     # -- views -------------------------------------------------------------------------
 

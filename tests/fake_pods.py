@@ -8,6 +8,8 @@ import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from tests.fake_apiserver_objects import labels_match
+
 if TYPE_CHECKING:
     from tests.fake_apiserver import FakeApiServer
 
@@ -65,7 +67,9 @@ def pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: 
                  if all((_FIELDS[k](p) == v) != neg for k, neg, v in terms)]
         return _page(items, "PodList", query, server.watch.version)
     if path == "/api/v1/nodes" and method == "GET":
-        return _page([server.nodes[n] for n in sorted(server.nodes)], "NodeList", query)
+        selected = [server.nodes[n] for n in sorted(server.nodes)
+                    if labels_match(server.nodes[n]["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
+        return _page(selected, "NodeList", query)
     m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?", path)
     if m:
         key = (m.group(1), m.group(2))

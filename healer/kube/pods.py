@@ -197,6 +197,13 @@ class KubePodScheduling:
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise map_error(exc) from exc
 
+    def _write(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        """A write whose answer kmend does not need: read raw and to the end, so that the connection goes
+        back to the pool (an unread response keeps it, and the next request pays a new connection: a TLS
+        handshake on a real server)."""
+        resp = self._call(fn, *args, _preload_content=False, **kw)
+        resp.data  # noqa: B018 - reading the body releases the connection
+
     def _pages(self, fn: Callable[..., Any], **kw: Any) -> Iterator[Json]:
         token: str | None = None
         while True:
@@ -264,16 +271,14 @@ class KubePodScheduling:
         """POST pods/{name}/binding with the pod's UID as precondition."""
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.name, uid=pod.uid or None),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        self._call(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body,
-                   field_validation=STRICT, _preload_content=False)
+        self._write(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body, field_validation=STRICT)
 
     def delete_pod(self, pod: PodRecord) -> None:
         """DELETE with a UID precondition: a missing or already recreated pod counts as released."""
         options = (client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid))
                    if pod.uid else None)
         try:
-            self._call(self.core.delete_namespaced_pod, pod.name, pod.namespace, body=options,
-                       _preload_content=False)
+            self._write(self.core.delete_namespaced_pod, pod.name, pod.namespace, body=options)
         except (NotFoundError, ConflictError):
             return
 
@@ -289,8 +294,7 @@ class KubePodScheduling:
             first_timestamp=now, last_timestamp=now,
             source=client.V1EventSource(component=self.component), reporting_component=self.component)
         try:
-            self._call(self.core.create_namespaced_event, ref.namespace, event, field_validation=STRICT,
-                       _preload_content=False)
+            self._write(self.core.create_namespaced_event, ref.namespace, event, field_validation=STRICT)
         except NotFoundError:
             return
 
