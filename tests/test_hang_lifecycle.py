@@ -245,6 +245,23 @@ def test_the_rank_whose_stack_is_outside_the_collective_is_named_and_the_stacks_
     assert inc.root_finding.fields["waiting_in_collective"] == "0,1,3"
 
 
+def test_a_rank_whose_process_is_stopped_is_named_wherever_its_stack_is() -> None:
+    # SIGSTOP while waiting in the all-reduce: its stack looks like the others', but it runs no code at all.
+    an = analyzer()
+    batches, t = steps("sig", 1, 40, T0, step_s=0.2)
+    run(an, batches, until=t + 12)
+    suite = an.detectors
+    assert suite is not None
+    for r in range(4):
+        suite.add_stack("sig", StackSample(rank=r, node=f"node-{r // 2}", pid=100 + r,
+                                           text=_stack("waiting_in_all_reduce.txt"), state="T" if r == 1 else "S",
+                                           source=f"node-{r // 2}/stack/sig/{r}"), t + 13)
+    an.evaluate(t + 14)
+    [inc] = [i for i in an.correlator.incidents() if "sig" in i.jobs]
+    assert (inc.root_cause.rank, inc.root_cause.node, inc.root_finding.rule_id) == (1, "node-0", "stack-dump")
+    assert inc.root_finding.fields["stopped_ranks"] == "1" and "is stopped" in inc.root_finding.message
+
+
 @pytest.mark.parametrize("pause", ["saving checkpoint at iteration     400 to /ckpt/llama",
                                    "***** Running Evaluation *****"])
 def test_a_checkpoint_or_evaluation_announced_in_the_logs_stays_silent(pause: str) -> None:

@@ -33,6 +33,8 @@ METRIC_FEATURES: Mapping[str, str] = {
 }
 """Metric names (DCGM exporter, the agent's NVML and InfiniBand sources) to detector features."""
 
+EXIT_GRACE_S = 5.0
+"""A step this soon after its rank's exit was seen, and past its last one, was written before the exit."""
 RERUN_AFTER_END_S = 60.0
 """Progress this long after a run ended is a new run of the job (a rerun under the same name)."""
 
@@ -115,12 +117,14 @@ class JobBook:
 
     def observe_progress(self, ev: ProgressEvent) -> None:
         """Fold one progress event in (idempotent for repeated or older steps)."""
+        if ev.kind is ProgressKind.EXIT:
+            # A process or container of a job that reported no progress here is no job to keep.
+            if (known := self.jobs.get(ev.job)) is not None:
+                self._exit(known, ev)
+            return
         job = self.jobs.setdefault(ev.job, JobState())
         if ev.kind is ProgressKind.END:
             job.ended_at = max(job.ended_at or ev.ts, ev.ts)
-            return
-        if ev.kind is ProgressKind.EXIT:
-            self._exit(job, ev)
             return
         if ev.kind is ProgressKind.STEP and ev.step is not None and _restarted(job, ev):
             job = self._restart(ev.job, job)
@@ -249,7 +253,10 @@ def _restarted(job: JobState, ev: ProgressEvent) -> bool:
         return True
     if rank is None:
         return False
-    if rank.exited_at is not None and ev.ts > rank.exited_at:
+    # Its container or process ended: a later step is a new run, unless it continues the old one at
+    # once (a line written before the exit that was stamped just after it).
+    if rank.exited_at is not None and ev.ts > rank.exited_at and (
+            step <= rank.last_step or ev.ts > rank.exited_at + EXIT_GRACE_S):
         return True
     # A rank's own reports arrive in order: a lower step reported later than its last one is a
     # resumption from a checkpoint (a late report of an older step carries an older time).
