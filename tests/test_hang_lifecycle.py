@@ -160,6 +160,30 @@ def test_a_job_restarted_from_a_checkpoint_that_hangs_before_its_old_step_is_det
     assert late[0].fields["run"] == "1" and late[0].fields["last_step"] == "55"
 
 
+def test_a_restart_at_another_world_size_is_a_new_run_and_its_hang_is_found(tmp_path: Path) -> None:
+    # 4 ranks to step 30, then an elastic restart with 2 that goes on from step 31 (nothing goes back) and
+    # hangs at step 45: ranks 2 and 3 are not behind, they are not in the run any more.
+    t = T0
+    reporters = [ProgressReporter(tmp_path / "a", "elastic", r, world_size=4) for r in range(4)]
+    for s in range(1, 31):
+        t += 0.5
+        for rep in reporters:
+            rep.report_step(s, 0.5, {"compute": 0.4, "comm_wait": 0.1}, ts=t)
+    t += 6.0  # rendezvous of the new world
+    reporters = [ProgressReporter(tmp_path / "b", "elastic", r, world_size=2) for r in range(2)]
+    for s in range(31, 46):
+        t += 0.5
+        for rep in reporters:
+            rep.report_step(s, 0.5, {"compute": 0.4, "comm_wait": 0.1}, ts=t)
+    signals = ProgressFileSource(tmp_path / "a", "node-0").poll().signals
+    signals += ProgressFileSource(tmp_path / "b", "node-0").poll().signals
+    an = analyzer()
+    found = run(an, [(s.ts, [s]) for s in signals], until=t + 30)
+    [hang] = hangs(found)
+    assert (hang.fields["run"], hang.fields["ranks"], hang.fields["mode"]) == ("1", "2", "all_stalled")
+    assert hang.ts - t <= 15.0 and hang.where.rank is None
+
+
 def test_a_restart_resets_the_straggler_history_too() -> None:
     suite = DetectorSuite(PROGRESS)
     first, t = steps("rs2", 1, 30, T0, step_s=0.5)

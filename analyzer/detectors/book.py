@@ -99,6 +99,8 @@ class JobState:
     """Restarts seen under this job name: detectors drop what they kept about an earlier run."""
     cadence_known: bool = False
     """`intervals` were carried over from the run before a restart (the same job steps at the same pace)."""
+    world_size: int | None = None
+    """Ranks in the run, as its reporters said (None when no one said)."""
 
     @property
     def finished(self) -> bool:
@@ -128,6 +130,10 @@ class JobBook:
             return
         if ev.kind is ProgressKind.STEP and ev.step is not None and _restarted(job, ev):
             job = self._restart(ev.job, job)
+        if ev.world_size is not None and ev.kind is ProgressKind.STEP:
+            if job.world_size is not None and ev.world_size != job.world_size:
+                return  # a late report from the run before the world changed
+            job.world_size = ev.world_size
         if ev.kind is ProgressKind.PAUSE:
             if job.paused_at is None:
                 job.paused_at = ev.ts
@@ -250,6 +256,11 @@ def _restarted(job: JobState, ev: ProgressEvent) -> bool:
     # long after the end, is a new run.
     if job.ended_at is not None and ev.ts > job.ended_at and (
             ev.ts > job.ended_at + RERUN_AFTER_END_S or (rank is not None and step < rank.last_step)):
+        return True
+    # The number of ranks changed (an elastic restart, the job resubmitted at another size): reported after
+    # everything the old run reported, it is a new run even where the steps go on from where they were.
+    if (ev.world_size is not None and job.world_size is not None and ev.world_size != job.world_size
+            and job.ranks and ev.ts > max(r.last_ts for r in job.ranks.values())):
         return True
     if rank is None:
         return False
