@@ -256,7 +256,7 @@ def test_the_rank_whose_stack_is_outside_the_collective_is_named_and_the_stacks_
     run(an, batches, until=t + 12)
     suite = an.detectors
     assert suite is not None
-    assert [job for job, _, _ in suite.suspects(t + 6)] == ["stk"]  # suspected before it is called a hang
+    assert [job for job, _, _ in suite.suspects(t + 7)] == ["stk"]  # suspected before it is called a hang
     for r in range(4):
         text = _stack("stuck_in_sleep.txt" if r == 2 else "waiting_in_all_reduce.txt")
         suite.add_stack("stk", StackSample(rank=r, node=f"node-{r // 2}", pid=100 + r, text=text,
