@@ -228,11 +228,11 @@ class Kmend:
         self._count(outcome)
         return outcome
 
-    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str) -> None:
+    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
         with self._lock:
             t = self.detector_now()
-            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text,
+            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
                                                       source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
         self._wake.set()
 
