@@ -56,6 +56,8 @@ class HealerConfig:
     """Loop period when nothing wakes it."""
     detector_interval_s: float = 1.0
     """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
+    quiet_resolve_s: float = 21600.0
+    """An open incident with no new finding for this long resolves on its own (0: never)."""
 
 
 class Kmend:
@@ -273,7 +275,22 @@ class Kmend:
     def _evaluate(self, now: float, judged: Sequence[Finding] = ()
                   ) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         found, changed = self.analyzer.evaluate(now, judged)
-        return found, changed, self.analyzer.correlator.take_merges()
+        return found, changed + self._resolve_quiet(now), self.analyzer.correlator.take_merges()
+
+    def _resolve_quiet(self, now: float) -> list[Incident]:
+        """Open incidents quiet for `quiet_resolve_s` resolve, unless a plan for them is unfinished.
+
+        Judged on the signals' timeline (`now` is the detectors' now), and only once a signal has
+        arrived since start: restored incidents are not judged by a clock their senders never shared.
+        Without it, notify-only incidents stayed open for ever, each one more for the correlator and
+        the healer to look at.
+        """
+        quiet_s = self.healer.quiet_resolve_s
+        corr = self.analyzer.correlator
+        if quiet_s <= 0 or self.detectors.watermark <= 0 or not corr.quiet(now - quiet_s):
+            return []
+        keep = self.store.incidents_with_unfinished_plans()
+        return corr.resolve_quiet(now - quiet_s, self.clock(), keep=keep, quiet_s=quiet_s)
 
     def incidents(self) -> list[Incident]:
         """All incidents, oldest first."""
@@ -285,14 +302,14 @@ class Kmend:
     def heal_once(self) -> list[Plan]:
         """Plan for new incidents and run runnable plans; returns the plans touched."""
         with self._lock:
-            incidents = self.analyzer.correlator.incidents()
+            incidents = self.analyzer.correlator.active()
         return self.healing.heal_once(incidents, self.set_incident_state)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
         with self._lock:
-            current = next((i for i in self.analyzer.correlator.incidents() if i.id == incident_id), None)
-            if current is None or current.state == state:
+            current = self.analyzer.correlator.get(incident_id)
+            if current is None or current.id != incident_id or current.state == state:
                 return
             updated = self.analyzer.correlator.set_state(incident_id, state, self.clock(), why)
         self.store.save_incident(updated)
@@ -330,7 +347,7 @@ class Kmend:
     def node_health(self) -> dict[str, dict[str, Any]]:
         """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined."""
         with self._lock:
-            active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
+            active = self.analyzer.correlator.active()
         by_node: dict[str, list[Incident]] = {}
         for inc in active:
             if inc.root_cause.node:
@@ -374,11 +391,8 @@ class Kmend:
         self.node_health()  # sets kmend_nodes_quarantined
 
     def _refresh_open_gauge(self) -> None:
-        counts: Tally[str] = Tally()
-        for i in self.analyzer.correlator.incidents():
-            if i.state in ACTIVE:
-                counts[i.fault_class.value] += 1
+        counts = self.analyzer.correlator.active_counts()
         self.metrics.incidents_open.clear()
         for fc, n in counts.items():
-            self.metrics.incidents_open.labels(fc).set(n)
+            self.metrics.incidents_open.labels(fc.value).set(n)
 

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     require_approval: bool = False
     correlation_window_s: float = 1200.0
     symptom_settle_s: float = Field(30.0, description="wait this long for a cause before acting on symptoms")
+    incident_quiet_resolve_s: float = Field(21600.0, ge=0, description=(
+        "an open incident with no new finding for this long resolves on its own, notify-only ones included "
+        "(not while it is remediated or a plan for it is unfinished; 0: never)"))
     healer_interval_s: float = 0.5
     progress_rules_dirs: list[Path] = Field(default_factory=lambda: [default_progress_rules_dir()])
     detector_interval_s: float = Field(1.0, description="how often hang/straggler/Flight Recorder detectors run")

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from analyzer.records import Finding, Incident
 from collector.signal import Signal
 from collector.wire import to_wire
-from healer.records import ActionStep, Plan, StepState
+from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, StepState
 from kmend.serialize import (
     finding_from_dict,
     finding_to_dict,
@@ -342,6 +342,13 @@ class Store:
         q = select(schema.plans.c.state, func.count()).group_by(schema.plans.c.state)
         with self.engine.connect() as conn:
             return {str(state): int(n) for state, n in conn.execute(q)}
+
+    def incidents_with_unfinished_plans(self) -> set[str]:
+        """Ids of incidents with a plan not yet finished (running, pending, waiting for approval, blocked)."""
+        final = [s.value for s in FINAL_PLAN_STATES]
+        q = select(schema.plans.c.incident_id).where(schema.plans.c.state.not_in(final)).distinct()
+        with self.engine.connect() as conn:
+            return {r[0] for r in conn.execute(q) if r[0]}
 
     def plan_ids(self) -> set[str]:
         """Ids of all stored plans."""
