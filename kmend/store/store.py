@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or
 from sqlalchemy.dialects import postgresql, sqlite
 
 from analyzer.records import Finding, Incident
-from collector.signal import Signal
+from collector.signal import LogLine, Signal
 from collector.wire import to_wire
 from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, StepState
 from kmend.serialize import (
@@ -38,7 +38,7 @@ class IngestOutcome:
     """What one ingested batch did."""
 
     accepted: int
-    """Signals stored for the first time."""
+    """Signals taken for the first time (log lines stored; metric and progress samples analysed, not stored)."""
     duplicates: int
     """Signals already seen (ignored)."""
     findings: tuple[Finding, ...]
@@ -123,17 +123,21 @@ class Store:
     # -- ingest ---------------------------------------------------------------------
 
     def ingest(self, signals: Sequence[Signal], analyze: Analyze) -> IngestOutcome:
-        """Store new signals, analyze them and store the results — all in one transaction.
+        """Store new log lines, analyze the batch and store the results — all in one transaction.
 
-        Signals and the findings they produced commit together, so a crash can
-        neither lose a signal's analysis nor analyze a signal twice.
+        Lines and the findings they produced commit together, so a crash can neither lose
+        a line's analysis nor analyze a line twice.
         """
         unique: dict[str, Signal] = {}
         for s in signals:
             unique.setdefault(s.id, s)
+        # Log lines are rows: they are the evidence behind findings, and their ids make a redelivery
+        # harmless. Metric and progress samples are not: the analyzer keeps the latest values and the
+        # windows its detectors need in memory, and the agents' next samples rebuild them after a restart.
+        lines = [s for s in unique.values() if type(s.payload) is LogLine]
         with self.engine.begin() as conn:
-            new_ids = self._insert_new(conn, list(unique.values()))
-            fresh = [s for s in unique.values() if s.id in new_ids]
+            new_ids = self._insert_new(conn, lines)
+            fresh = [s for s in unique.values() if s.id in new_ids or type(s.payload) is not LogLine]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             self._write_results(conn, found, changed, merges)
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
