@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.correlate import Correlator
@@ -37,6 +37,7 @@ from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
+from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
 log = logging.getLogger("kmend.service")
@@ -58,6 +59,10 @@ class HealerConfig:
     """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
     quiet_resolve_s: float = 21600.0
     """An open incident with no new finding for this long resolves on its own (0: never)."""
+    retention: Retention = field(default_factory=Retention)
+    """How long each table keeps its rows."""
+    retention_interval_s: float = 600.0
+    """How often rows past their retention are deleted."""
 
 
 class Kmend:
@@ -107,6 +112,7 @@ class Kmend:
         self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
+        self._next_retention = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None,
@@ -315,6 +321,13 @@ class Kmend:
         self.store.save_incident(updated)
         self._refresh_open_gauge()
 
+    def prune_store(self) -> dict[str, int]:
+        """Delete rows past their retention (the healer loop does this every `retention_interval_s`)."""
+        deleted = self.store.prune(self.healer.retention)
+        if deleted:
+            log.info("retention: deleted %s", ", ".join(f"{n} {table}" for table, n in sorted(deleted.items())))
+        return deleted
+
     def wake(self) -> None:
         """Make the healer loop run now."""
         self._wake.set()
@@ -333,6 +346,12 @@ class Kmend:
                 self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
+            if self.clock() >= self._next_retention:
+                self._next_retention = self.clock() + self.healer.retention_interval_s
+                try:
+                    self.prune_store()
+                except Exception:
+                    log.exception("pruning the store failed")
             if self.clock() >= self._next_gauges:
                 self._next_gauges = self.clock() + 10.0
                 try:

@@ -28,6 +28,7 @@ from kmend.serialize import (
 )
 from kmend.store import schema
 from kmend.store.ledger import Ledger
+from kmend.store.retention import Retention, prune
 
 Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
 """Signals → (new findings, changed incidents, merges as (merged incident id, surviving id))."""
@@ -353,6 +354,10 @@ class Store:
         q = select(schema.plans.c.incident_id).where(schema.plans.c.state.not_in(final)).distinct()
         with self.engine.connect() as conn:
             return {r[0] for r in conn.execute(q) if r[0]}
+
+    def prune(self, keep: Retention) -> dict[str, int]:
+        """Delete rows past their retention (small transactions); returns rows deleted per table."""
+        return prune(self.engine, keep, self.clock())
 
     def plan_ids(self) -> set[str]:
         """Ids of all stored plans."""
