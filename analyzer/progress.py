@@ -72,6 +72,12 @@ class ProgressExtractor:
         self._counters: dict[tuple[str, int, str], int] = {}
         self._epochs: dict[tuple[str, int, str], tuple[int, int, int]] = {}
 
+    def forget(self, job: str) -> None:
+        """Drop the step counters of a job that left the book."""
+        for kept in (self._counters, self._epochs):
+            for key in [k for k in kept if k[0] == job]:
+                del kept[key]
+
     def extract(self, signals: Sequence[Signal]) -> list[ProgressEvent]:
         """Progress events found in a batch, in signal order."""
         out: list[ProgressEvent] = []

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.correlate import Correlator
@@ -37,6 +37,7 @@ from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
+from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
 log = logging.getLogger("kmend.service")
@@ -58,6 +59,12 @@ class HealerConfig:
     """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
     resume_s: float = 1.0
     """How often a plan whose step waits (pods terminating, a repair) is asked again."""
+    quiet_resolve_s: float = 21600.0
+    """An open incident with no new finding for this long resolves on its own (0: never)."""
+    retention: Retention = field(default_factory=Retention)
+    """How long each table keeps its rows."""
+    retention_interval_s: float = 600.0
+    """How often rows past their retention are deleted."""
 
 
 class Kmend:
@@ -107,6 +114,7 @@ class Kmend:
         self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
+        self._next_retention = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None,
@@ -287,7 +295,22 @@ class Kmend:
     def _evaluate(self, now: float, judged: Sequence[Finding] = ()
                   ) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         found, changed = self.analyzer.evaluate(now, judged)
-        return found, changed, self.analyzer.correlator.take_merges()
+        return found, changed + self._resolve_quiet(now), self.analyzer.correlator.take_merges()
+
+    def _resolve_quiet(self, now: float) -> list[Incident]:
+        """Open incidents quiet for `quiet_resolve_s` resolve, unless a plan for them is unfinished.
+
+        Judged on the signals' timeline (`now` is the detectors' now), and only once a signal has
+        arrived since start: restored incidents are not judged by a clock their senders never shared.
+        Without it, notify-only incidents stayed open for ever, each one more for the correlator and
+        the healer to look at.
+        """
+        quiet_s = self.healer.quiet_resolve_s
+        corr = self.analyzer.correlator
+        if quiet_s <= 0 or self.detectors.watermark <= 0 or not corr.quiet(now - quiet_s):
+            return []
+        keep = self.store.incidents_with_unfinished_plans()
+        return corr.resolve_quiet(now - quiet_s, self.clock(), keep=keep, quiet_s=quiet_s)
 
     def incidents(self) -> list[Incident]:
         """All incidents, oldest first."""
@@ -302,18 +325,25 @@ class Kmend:
         ``interrupted`` tells the round that new work has come: it stops resuming older plans.
         """
         with self._lock:
-            incidents = self.analyzer.correlator.incidents()
+            incidents = self.analyzer.correlator.active()
         return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
         with self._lock:
-            current = next((i for i in self.analyzer.correlator.incidents() if i.id == incident_id), None)
-            if current is None or current.state == state:
+            current = self.analyzer.correlator.get(incident_id)
+            if current is None or current.id != incident_id or current.state == state:
                 return
             updated = self.analyzer.correlator.set_state(incident_id, state, self.clock(), why)
         self.store.save_incident(updated)
         self._refresh_open_gauge()
+
+    def prune_store(self) -> dict[str, int]:
+        """Delete rows past their retention (the healer loop does this every `retention_interval_s`)."""
+        deleted = self.store.prune(self.healer.retention)
+        if deleted:
+            log.info("retention: deleted %s", ", ".join(f"{n} {table}" for table, n in sorted(deleted.items())))
+        return deleted
 
     def wake(self) -> None:
         """Make the healer loop run now."""
@@ -336,6 +366,12 @@ class Kmend:
                 self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
+            if self.clock() >= self._next_retention:
+                self._next_retention = self.clock() + self.healer.retention_interval_s
+                try:
+                    self.prune_store()
+                except Exception:
+                    log.exception("pruning the store failed")
             if self.clock() >= self._next_gauges:
                 self._next_gauges = self.clock() + 10.0
                 try:
@@ -349,7 +385,7 @@ class Kmend:
     def node_health(self) -> dict[str, dict[str, Any]]:
         """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined."""
         with self._lock:
-            active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
+            active = self.analyzer.correlator.active()
         by_node: dict[str, list[Incident]] = {}
         for inc in active:
             if inc.root_cause.node:
@@ -393,11 +429,8 @@ class Kmend:
         self.node_health()  # sets kmend_nodes_quarantined
 
     def _refresh_open_gauge(self) -> None:
-        counts: Tally[str] = Tally()
-        for i in self.analyzer.correlator.incidents():
-            if i.state in ACTIVE:
-                counts[i.fault_class.value] += 1
+        counts = self.analyzer.correlator.active_counts()
         self.metrics.incidents_open.clear()
         for fc, n in counts.items():
-            self.metrics.incidents_open.labels(fc).set(n)
+            self.metrics.incidents_open.labels(fc.value).set(n)
 

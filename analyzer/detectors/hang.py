@@ -74,6 +74,10 @@ class HangDetector:
         self.config = config or HangConfig()
         self._reported: dict[str, tuple[int, float]] = {}
 
+    def forget(self, job: str) -> None:
+        """Drop what is kept about a job that left the book."""
+        self._reported.pop(job, None)
+
     def threshold(self, job: JobState) -> float | None:
         """Seconds without progress that make a hang for this job; None while history is too short."""
         cfg = self.config

@@ -99,6 +99,11 @@ class StackDetector:
         self._last: dict[str, float] = {}
         self._expected: dict[str, int] = {}
 
+    def forget(self, job: str) -> None:
+        """Drop the stacks kept for a job that left the book."""
+        for kept in (self._stacks, self._last, self._expected):
+            kept.pop(job, None)
+
     def add(self, job: str, sample: StackSample, ts: float, *, ranks: int = 0) -> None:
         """Keep one rank's stack (a newer one of the same rank replaces it); `ranks`: how many the job has."""
         self._stacks.setdefault(job, {})[sample.rank] = sample
