@@ -14,15 +14,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # Dependencies only: kmend itself is installed to resolve them, then removed (the code runs from /opt/kmend).
+# The versions are the tested ones (deploy/image/constraints.txt, from deploy/tools/gen_constraints.py).
 FROM base AS agent-deps
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md deploy/image/constraints.txt ./
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install . \
+    && /opt/venv/bin/pip install -c constraints.txt . \
     && /opt/venv/bin/pip uninstall -y kmend
 
-FROM agent-deps AS service-deps
-RUN /opt/venv/bin/pip install ".[service]" \
+FROM base AS service-deps
+WORKDIR /src
+COPY pyproject.toml README.md deploy/image/constraints.txt ./
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install -c constraints.txt ".[service]" \
     && /opt/venv/bin/pip uninstall -y kmend
 
 FROM base AS source

@@ -251,3 +251,21 @@ def test_misspelt_or_mistyped_settings_fail_naming_them(values: dict[str, Any], 
     with pytest.raises(helm.HelmValuesError) as err:
         _objects(values)
     assert f"at '{path}'" in str(err.value) and says in str(err.value)
+
+
+@pytest.mark.parametrize(("section", "cls"), [("controlPlane", Settings), ("agent", AgentSettings)])
+def test_values_show_kmends_own_defaults(section: str, cls: type[Any]) -> None:
+    """A value the chart lists is kmend's default (null: left to kmend), so a default changed in the code
+    cannot be pinned back silently by the chart."""
+    config = yaml.safe_load((CHART / "values.yaml").read_text())[section]["config"]
+    differ = {}
+    for name, value in config.items():
+        if value is None:
+            continue
+        field = cls.model_fields[name]
+        default = field.default_factory() if field.default_factory is not None else field.default
+        if isinstance(default, Path):
+            default = str(default)
+        if value != default:
+            differ[name] = (value, default)
+    assert differ == {}, f"values.yaml differs from kmend's defaults (value, default): {differ}"

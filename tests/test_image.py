@@ -224,3 +224,20 @@ def test_control_plane_commands_without_the_service_extra_say_what_to_install(tm
     assert out.returncode == 2, out.stderr
     assert "needs the service extra" in out.stderr and "pip install 'kmend[service]'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_image_installs_the_tested_versions_of_every_dependency() -> None:
+    gen = __import__("runpy").run_path(str(REPO / "deploy" / "tools" / "gen_constraints.py"))
+    pinned = {}
+    for line in (REPO / "deploy" / "image" / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            req = Requirement(line)
+            pinned[canonicalize_name(req.name)] = req.specifier
+    needed = gen["closure"](gen["requirements"]())
+    assert set(needed) - set(pinned) == set(), "unpinned: run python deploy/tools/gen_constraints.py"
+    # Each pin satisfies what pyproject.toml asks for.
+    for req in map(Requirement, gen["requirements"]()):
+        version = next(iter(pinned[canonicalize_name(req.name)])).version
+        assert req.specifier.contains(version, prereleases=True), (req, version)
+    for stage in ("agent-deps", "service-deps"):
+        assert any("pip install -c constraints.txt" in s for s in _stages()[stage]), stage
