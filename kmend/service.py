@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.correlate import Correlator
@@ -37,6 +37,7 @@ from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
+from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
 log = logging.getLogger("kmend.service")
@@ -56,6 +57,14 @@ class HealerConfig:
     """Loop period when nothing wakes it."""
     detector_interval_s: float = 1.0
     """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
+    resume_s: float = 1.0
+    """How often a plan whose step waits (pods terminating, a repair) is asked again."""
+    quiet_resolve_s: float = 21600.0
+    """An open incident with no new finding for this long resolves on its own (0: never)."""
+    retention: Retention = field(default_factory=Retention)
+    """How long each table keeps its rows."""
+    retention_interval_s: float = 600.0
+    """How often rows past their retention are deleted."""
 
 
 class Kmend:
@@ -105,12 +114,14 @@ class Kmend:
         self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
+        self._next_retention = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None,
                           checkpoint_roots=None if checkpoint_roots is None else tuple(checkpoint_roots))
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
-                               symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
+                               symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep,
+                               resume_s=self.healer.resume_s)
         self._lock = threading.RLock()
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
@@ -225,11 +236,11 @@ class Kmend:
         self._count(outcome)
         return outcome
 
-    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str) -> None:
+    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
         with self._lock:
             t = self.detector_now()
-            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text,
+            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
                                                       source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
         self._wake.set()
 
@@ -284,7 +295,22 @@ class Kmend:
     def _evaluate(self, now: float, judged: Sequence[Finding] = ()
                   ) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         found, changed = self.analyzer.evaluate(now, judged)
-        return found, changed, self.analyzer.correlator.take_merges()
+        return found, changed + self._resolve_quiet(now), self.analyzer.correlator.take_merges()
+
+    def _resolve_quiet(self, now: float) -> list[Incident]:
+        """Open incidents quiet for `quiet_resolve_s` resolve, unless a plan for them is unfinished.
+
+        Judged on the signals' timeline (`now` is the detectors' now), and only once a signal has
+        arrived since start: restored incidents are not judged by a clock their senders never shared.
+        Without it, notify-only incidents stayed open for ever, each one more for the correlator and
+        the healer to look at.
+        """
+        quiet_s = self.healer.quiet_resolve_s
+        corr = self.analyzer.correlator
+        if quiet_s <= 0 or self.detectors.watermark <= 0 or not corr.quiet(now - quiet_s):
+            return []
+        keep = self.store.incidents_with_unfinished_plans()
+        return corr.resolve_quiet(now - quiet_s, self.clock(), keep=keep, quiet_s=quiet_s)
 
     def incidents(self) -> list[Incident]:
         """All incidents, oldest first."""
@@ -293,21 +319,31 @@ class Kmend:
 
     # -- healing ---------------------------------------------------------------------
 
-    def heal_once(self) -> list[Plan]:
-        """Plan for new incidents and run runnable plans; returns the plans touched."""
+    def heal_once(self, *, interrupted: Callable[[], bool] = lambda: False) -> list[Plan]:
+        """Plan for new incidents and run runnable plans; returns the plans touched.
+
+        ``interrupted`` tells the round that new work has come: it stops resuming older plans.
+        """
         with self._lock:
-            incidents = self.analyzer.correlator.incidents()
-        return self.healing.heal_once(incidents, self.set_incident_state)
+            incidents = self.analyzer.correlator.active()
+        return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
         with self._lock:
-            current = next((i for i in self.analyzer.correlator.incidents() if i.id == incident_id), None)
-            if current is None or current.state == state:
+            current = self.analyzer.correlator.get(incident_id)
+            if current is None or current.id != incident_id or current.state == state:
                 return
             updated = self.analyzer.correlator.set_state(incident_id, state, self.clock(), why)
         self.store.save_incident(updated)
         self._refresh_open_gauge()
+
+    def prune_store(self) -> dict[str, int]:
+        """Delete rows past their retention (the healer loop does this every `retention_interval_s`)."""
+        deleted = self.store.prune(self.healer.retention)
+        if deleted:
+            log.info("retention: deleted %s", ", ".join(f"{n} {table}" for table, n in sorted(deleted.items())))
+        return deleted
 
     def wake(self) -> None:
         """Make the healer loop run now."""
@@ -316,6 +352,9 @@ class Kmend:
     def run_healer(self, stop: threading.Event) -> None:
         """Healer loop: runs until `stop` is set; a failing round is logged, never fatal."""
         while not stop.is_set():
+            # Cleared before the round reads incidents: a wake during the round starts the next one at once,
+            # and tells this one to leave older plans for later.
+            self._wake.clear()
             try:
                 if self.clock() >= self._next_evaluation:
                     self._next_evaluation = self.clock() + self.healer.detector_interval_s
@@ -323,10 +362,16 @@ class Kmend:
             except Exception:
                 log.exception("detector evaluation failed")
             try:
-                self.heal_once()
+                self.heal_once(interrupted=self._wake.is_set)
                 self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
+            if self.clock() >= self._next_retention:
+                self._next_retention = self.clock() + self.healer.retention_interval_s
+                try:
+                    self.prune_store()
+                except Exception:
+                    log.exception("pruning the store failed")
             if self.clock() >= self._next_gauges:
                 self._next_gauges = self.clock() + 10.0
                 try:
@@ -334,14 +379,13 @@ class Kmend:
                 except Exception:
                     log.exception("metrics refresh failed")
             self._wake.wait(self.healer.interval_s)
-            self._wake.clear()
 
     # -- views -------------------------------------------------------------------------
 
     def node_health(self) -> dict[str, dict[str, Any]]:
         """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined."""
         with self._lock:
-            active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
+            active = self.analyzer.correlator.active()
         by_node: dict[str, list[Incident]] = {}
         for inc in active:
             if inc.root_cause.node:
@@ -385,11 +429,8 @@ class Kmend:
         self.node_health()  # sets kmend_nodes_quarantined
 
     def _refresh_open_gauge(self) -> None:
-        counts: Tally[str] = Tally()
-        for i in self.analyzer.correlator.incidents():
-            if i.state in ACTIVE:
-                counts[i.fault_class.value] += 1
+        counts = self.analyzer.correlator.active_counts()
         self.metrics.incidents_open.clear()
         for fc, n in counts.items():
-            self.metrics.incidents_open.labels(fc).set(n)
+            self.metrics.incidents_open.labels(fc.value).set(n)
 
