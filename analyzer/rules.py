@@ -228,11 +228,15 @@ def compile_linear(path: str, rule_id: str, pattern: str, *, field: str = "patte
     Every match the service confirms and every field it extracts comes from RE2, so no
     pattern can make one line cost more than a pass over it. What RE2 cannot take
     (backreferences, lookaround) is refused here, naming file, rule and field.
+    ``multiline``: for lines joined by newlines: ^ and $ anchor at line boundaries and no match
+    runs over a newline (one that did would hide the following lines' own matches).
     """
     if _BACKTRACKING.search(pattern):
         raise RuleError(path, rule_id, field, _LINEAR_ONLY)
+    opts = _re2_options()
+    opts.never_nl = multiline
     try:
-        compiled: LinearRegex = re2.compile(("(?m)" if multiline else "") + pattern, options=_re2_options())
+        compiled: LinearRegex = re2.compile(("(?m)" if multiline else "") + pattern, options=opts)
     except re2.error as exc:
         raise RuleError(path, rule_id, field, f"{_LINEAR_ONLY} (RE2: {_re2_message(exc)})") from exc
     return compiled

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from analyzer.engine import _BLOCK, MultiMatcher, NaiveMatcher
+from analyzer.engine import _BLOCK, Backend, MultiMatcher, NaiveMatcher, available_backends
 from analyzer.exact import hyperscan_exact
 from analyzer.rules import Rule, default_rules_dir, load_rules
 
@@ -118,3 +118,13 @@ def test_a_vertical_tab_does_not_hide_a_line_from_the_scan(rules: list[Rule]) ->
     line = "RuntimeError: File my\x0b_out/checkpoints/checkpoint_0.pt cannot be opened."
     assert [h.rule.id for h in NaiveMatcher(rules).scan([line])] == ["torch-save-cannot-open"]
     assert [h.rule.id for h in MultiMatcher(rules).scan([line])] == ["torch-save-cannot-open"]
+
+
+@pytest.mark.parametrize("backend", available_backends(), ids=str)
+def test_a_pattern_that_could_run_over_a_newline_finds_every_line(rules: list[Rule], backend: Backend) -> None:
+    # message:[^"]+ would run from the first line into the second and hide its match from a scan of
+    # the joined batch: every backend must still find both.
+    line = "NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni not initialized"
+    lines = [line, line, "x"]
+    assert [(h.line, h.rule.id) for h in MultiMatcher(rules, backend=backend).scan(lines)] == [
+        (0, "node-network-plugin-not-ready"), (1, "node-network-plugin-not-ready")]

@@ -26,13 +26,25 @@ def rules() -> list[Rule]:
 
 
 def _messages(text: str) -> list[str]:
-    """The excerpt's lines as the kernel logged them: dmesg/syslog prefixes off, blank lines dropped."""
-    return [ln[strip_prefix(ln).length:] for ln in text.splitlines() if ln.strip()]
+    """The excerpt's records as the kernel logged them: dmesg/syslog prefixes off, blank lines dropped,
+    and the indented lines dmesg prints under a record (no stamp of their own) put back into it."""
+    out: list[str] = []
+    for ln in text.splitlines():
+        if not ln.strip():
+            continue
+        cut = strip_prefix(ln).length
+        if cut == 0 and ln.startswith("        ") and out:
+            out[-1] += "\n" + ln.strip()
+        else:
+            out.append(ln[cut:])
+    return out
 
 
 def _kmsg(messages: list[str], *, first_seq: int = 100, usec: int = 9_990_000_000) -> bytes:
     """``/dev/kmsg`` records (``pri,seq,usec,flags;message``), a microsecond apart."""
-    return b"".join(f"3,{first_seq + i},{usec + i},-;{m}\n".encode() for i, m in enumerate(messages))
+    # A newline inside a record is escaped as \x0a, as the device writes it.
+    return b"".join(f"3,{first_seq + i},{usec + i},-;{m.replace(chr(10), chr(92) + 'x0a')}\n".encode()
+                    for i, m in enumerate(messages))
 
 
 def _boot(tmp_path: Path) -> Path:
@@ -150,3 +162,12 @@ def test_a_restart_while_a_report_is_held_reads_it_again_from_the_checkpoint(tmp
     again = KmsgSource(node="n1", path=dev, boot_id_path=_boot(tmp_path), resume=polled.cursors, clock=lambda: 2e9,
                        monotonic=lambda: NOW + 5.0)
     assert [(s.id, s.text) for s in again.poll().signals] == [("n1/kernel/b00t/11", " ".join(AER[:3]))]
+
+
+def test_a_record_of_several_lines_is_one_signal_with_all_of_them(tmp_path: Path) -> None:
+    dev = tmp_path / "kmsg"
+    dev.write_bytes(_kmsg(["mlx5_core 0000:5e:00.0 ibp94s0: Link down\n(port 1)", "foo\n| a | b |", "plain"],
+                          usec=1_000_000))
+    src = KmsgSource(node="n1", path=dev, boot_id_path=_boot(tmp_path), clock=lambda: 2e9, monotonic=lambda: NOW)
+    assert [s.text for s in src.poll().signals] == [
+        "mlx5_core 0000:5e:00.0 ibp94s0: Link down (port 1)", "foo | a | b |", "plain"]

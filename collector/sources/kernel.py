@@ -88,18 +88,39 @@ def kernel_events(records: Sequence[KmsgRecord]) -> list[tuple[int, str]]:
     """The events of consecutive records: (index of the first record, text), the way ``kmend analyze``
     folds the same lines (an AER report with its status/mask and bit lines, a split NVRM message).
 
-    An event of one record keeps its message as the kernel wrote it.
+    A record holding several lines is read as dmesg prints it: its later lines indented under the
+    first. An event of one single-line record keeps its message as the kernel wrote it.
     """
     if not records:
         return []
-    texts = [r.message.replace("\n", " ") for r in records]
-    # Every record is a whole line: none is the wrapped rest of the one before it.
-    grouped = group_events(texts, texts, [True] * len(texts))
+    texts: list[str] = []
+    prefixed: list[bool] = []
+    owner: list[int] = []
+    for k, rec in enumerate(records):
+        first, *rest = rec.message.split("\n")
+        texts.append(first)
+        prefixed.append(True)
+        owner.append(k)
+        for more in rest:
+            texts.append(_CONTINUATION + more)
+            prefixed.append(False)
+            owner.append(k)
+    grouped = group_events(texts, texts, prefixed)
     out: list[tuple[int, str]] = []
-    for k, first in enumerate(grouped.lines):
-        last = grouped.lines[k + 1] - 1 if k + 1 < len(grouped.lines) else len(records) - 1
-        out.append((first, records[first].message if first == last else grouped.texts[k]))
+    for n, head in enumerate(grouped.lines):
+        nxt = grouped.lines[n + 1] if n + 1 < len(grouped.lines) else len(texts)
+        first_rec, last_rec = owner[head], owner[nxt - 1]
+        if out and out[-1][0] == first_rec:
+            # A record's later line the fold left on its own is still part of its record's signal.
+            out[-1] = (first_rec, out[-1][1] + " " + grouped.texts[n].strip())
+            continue
+        single = first_rec == last_rec and "\n" not in records[first_rec].message
+        out.append((first_rec, records[first_rec].message if single else grouped.texts[n]))
     return out
+
+
+_CONTINUATION = " " * 16
+"""How dmesg indents the later lines of a multi-line record (under the message, past the stamp)."""
 
 
 class KmsgReader(Protocol):
