@@ -7,8 +7,8 @@ An Xid 79 in a signal batch, and the node is cordoned, tainted, labelled, condit
 and the plan ends `succeeded` with no 403 in kmend's log. A bare API server runs no controllers: the test
 plays the kubelet (terminating pods finish, bound pods run), the training operator (missing ranks come back
 pending), the platform (repair done) and the Job controller (the health check passes), all with the
-kubeconfig's own (admin) credentials. It creates its own nodes, namespace and PyTorchJob CRD if absent,
-and removes the nodes and namespace afterwards.
+kubeconfig's own (admin) credentials. It creates its own nodes (its pods select only them, whatever else the
+cluster has), namespace and PyTorchJob CRD if absent, and removes the nodes and namespace afterwards.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ class Cluster:
 
     def build(self) -> None:
         for i in range(6):  # four job nodes, two hot spares
-            labels = {"topology.kmend.io/leaf": f"leaf-{i // 4}", "topology.kmend.io/spine": "spine-0"}
+            labels = {"topology.kmend.io/leaf": f"leaf-{i // 4}", "topology.kmend.io/spine": "spine-0",
+                      "kmend.io/test-run": self.run}
             if i >= 4:
                 labels["kmend.io/spare"] = "true"
             self.core.create_node({"metadata": {"name": self.node(i), "labels": labels}})
@@ -128,7 +129,7 @@ class Cluster:
 
     def pod(self, rank: int, node: str) -> None:
         resources = {"requests": {"nvidia.com/gpu": "8", "cpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
-        spec: dict[str, Any] = {"schedulerName": "kmend",
+        spec: dict[str, Any] = {"schedulerName": "kmend", "nodeSelector": {"kmend.io/test-run": self.run},
                                 "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
         if node:
             spec["nodeName"] = node
