@@ -16,7 +16,7 @@ from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
-from analyzer.metric_eval import SignalEvaluator
+from analyzer.metric_eval import SeriesState, SignalEvaluator
 from analyzer.metric_rules import SignalRules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
@@ -121,6 +121,9 @@ class Kmend:
     def start(self) -> None:
         """Migrate the schema and rebuild in-memory state from the store."""
         self.store.migrate()
+        # Counters go on from their last stored sample: an increase across the restart is found, and
+        # a counter that did not move is not an increase from zero.
+        self.signals.restore(self.store.metric_series())
         self.rebuild()
         self.ready = True
 
@@ -149,8 +152,16 @@ class Kmend:
         """Store and analyze a batch; repeated ids are ignored."""
         with self._lock, self.metrics.batch_seconds.time():
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
+            changed: list[SeriesState] = []
+
+            def series() -> list[SeriesState]:
+                # Taken once per batch: a retried transaction writes the same states again.
+                if not changed:
+                    changed.extend(self.signals.take_changed())
+                return changed
+
             try:
-                outcome = retrying(lambda: self.store.ingest(signals, analyse), self._retry_sleep)
+                outcome = retrying(lambda: self.store.ingest(signals, analyse, series), self._retry_sleep)
             except Exception:
                 # Not transient, or still failing: the correlator may hold findings never stored: rebuild it.
                 self.rebuild()

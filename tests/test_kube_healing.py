@@ -219,9 +219,12 @@ def _until_done(rounds: Iterator[StepOutcome]) -> Iterator[StepOutcome]:
 
 
 def _granted() -> set[tuple[str, str, str]]:
-    role = next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] == "ClusterRole")
-    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]}
+    # The ClusterRole and the Role (in kmend's namespace) bound to the control plane's ServiceAccount.
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role") and d["metadata"]["name"] == "kmend"]
+    assert {r["kind"] for r in roles} == {"ClusterRole", "Role"}
+    return {(g, r, v) for role in roles for rule in role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
 
 
 def test_cluster_role_grants_exactly_the_verbs_the_adapters_use(world: World, tmp_path: Path) -> None:

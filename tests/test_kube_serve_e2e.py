@@ -156,8 +156,13 @@ def test_serve_against_a_strict_api_server_heals_an_xid79_end_to_end(tmp_path: P
 
             final = _until("the plan to finish", lambda: (p := plan()) and p["state"] in ("succeeded", "failed")
                            and p, timeout=150, tick=ctl.tick)
-        except AssertionError:
-            raise AssertionError(log.read_text()[-4000:]) from None
+        except AssertionError as exc:
+            try:
+                plans = httpx.get(f"{url}/v1/plans", headers=op, timeout=5).json().get("plans")
+            except httpx.HTTPError as why:
+                plans = f"unreadable: {why}"
+            raise AssertionError(f"{exc}\nplans: {plans}\nlease/requests seen: {api.requests[-20:]}\n"
+                                 f"{log.read_text()[-4000:]}") from None
         finally:
             proc.terminate()
             proc.wait(timeout=20)

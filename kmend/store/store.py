@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -14,6 +16,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
+from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
 from collector.signal import Signal
 from collector.wire import to_wire
@@ -122,11 +125,13 @@ class Store:
 
     # -- ingest ---------------------------------------------------------------------
 
-    def ingest(self, signals: Sequence[Signal], analyze: Analyze) -> IngestOutcome:
+    def ingest(self, signals: Sequence[Signal], analyze: Analyze,
+               series: Callable[[], Sequence[SeriesState]] | None = None) -> IngestOutcome:
         """Store new signals, analyze them and store the results — all in one transaction.
 
         Signals and the findings they produced commit together, so a crash can
-        neither lose a signal's analysis nor analyze a signal twice.
+        neither lose a signal's analysis nor analyze a signal twice. ``series``
+        gives the metric series states the analysis changed; they commit with it.
         """
         unique: dict[str, Signal] = {}
         for s in signals:
@@ -136,6 +141,8 @@ class Store:
             fresh = [s for s in unique.values() if s.id in new_ids]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             self._write_results(conn, found, changed, merges)
+            if fresh and series is not None:
+                self._upsert_series(conn, series())
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
     def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
@@ -166,6 +173,25 @@ class Store:
             res = conn.execute(stmt.returning(schema.signals.c.id), rows[i:i + 2000])
             new.update(r[0] for r in res)
         return new
+
+    def _upsert_series(self, conn: Connection, states: Sequence[SeriesState]) -> None:
+        if not states:
+            return
+        rows = [{"id": hashlib.sha256(json.dumps(st.key).encode()).hexdigest(), "ts": st.ts,
+                 "body": {"key": list(st.key), "value": st.value, "ts": st.ts, "streak": dict(st.streak)}}
+                for st in states]
+        stmt = self._insert(schema.metric_series)
+        stmt = stmt.on_conflict_do_update(index_elements=["id"], set_={"ts": stmt.excluded.ts,
+                                                                       "body": stmt.excluded.body})
+        for i in range(0, len(rows), 2000):
+            conn.execute(stmt, rows[i:i + 2000])
+
+    def metric_series(self) -> list[SeriesState]:
+        """The stored last sample of every watched metric series."""
+        with self.engine.connect() as conn:
+            return [SeriesState(tuple(b["key"]), float(b["value"]), float(b["ts"]),
+                                {str(k): int(v) for k, v in b["streak"].items()})
+                    for (b,) in conn.execute(select(schema.metric_series.c.body))]
 
     def _write_results(self, conn: Connection, found: Sequence[Finding], changed: Iterable[Incident],
                        merges: Iterable[tuple[str, str]]) -> None:
