@@ -61,7 +61,8 @@ def _ok_if_exists(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def _install(api: Any, namespace: str) -> str:
-    """The shipped RBAC, kmend's ServiceAccount, the job's namespace and the PyTorchJob CRD; kmend's token."""
+    """The shipped RBAC (ClusterRole, Roles and their bindings), kmend's ServiceAccount, the job's namespace and
+    the PyTorchJob CRD; kmend's token."""
     from kubernetes import client
 
     core, rbac, ext = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api), client.ApiextensionsV1Api(api)
@@ -75,6 +76,12 @@ def _install(api: Any, namespace: str) -> str:
             rbac.replace_cluster_role(doc["metadata"]["name"], doc)  # the shipped rules, not an older copy
         elif doc and doc["kind"] == "ClusterRoleBinding":
             _ok_if_exists(rbac.create_cluster_role_binding, doc)
+        elif doc and doc["kind"] == "Role":
+            ns = doc["metadata"]["namespace"]
+            _ok_if_exists(rbac.create_namespaced_role, ns, doc)
+            rbac.replace_namespaced_role(doc["metadata"]["name"], ns, doc)
+        elif doc and doc["kind"] == "RoleBinding":
+            _ok_if_exists(rbac.create_namespaced_role_binding, doc["metadata"]["namespace"], doc)
     _ok_if_exists(ext.create_custom_resource_definition, {"metadata": {"name": "pytorchjobs.kubeflow.org"}, "spec": {
         "group": "kubeflow.org", "scope": "Namespaced",
         "names": {"plural": "pytorchjobs", "kind": "PyTorchJob", "singular": "pytorchjob"},
