@@ -7,8 +7,8 @@ An Xid 79 in a signal batch, and the node is cordoned, tainted, labelled, condit
 and the plan ends `succeeded` with no 403 in kmend's log. A bare API server runs no controllers: the test
 plays the kubelet (terminating pods finish, bound pods run), the training operator (missing ranks come back
 pending), the platform (repair done) and the Job controller (the health check passes), all with the
-kubeconfig's own (admin) credentials. It creates its own nodes, namespace and PyTorchJob CRD if absent,
-and removes the nodes and namespace afterwards.
+kubeconfig's own (admin) credentials. It creates its own nodes (its pods select only them, whatever else the
+cluster has), namespace and PyTorchJob CRD if absent, and removes the nodes and namespace afterwards.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def _ok_if_exists(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def _install(api: Any, namespace: str) -> str:
-    """The shipped RBAC, kmend's ServiceAccount, the job's namespace and the PyTorchJob CRD; kmend's token."""
+    """The shipped RBAC (ClusterRole, Roles and their bindings), kmend's ServiceAccount, the job's namespace and
+    the PyTorchJob CRD; kmend's token."""
     from kubernetes import client
 
     core, rbac, ext = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api), client.ApiextensionsV1Api(api)
@@ -75,6 +76,12 @@ def _install(api: Any, namespace: str) -> str:
             rbac.replace_cluster_role(doc["metadata"]["name"], doc)  # the shipped rules, not an older copy
         elif doc and doc["kind"] == "ClusterRoleBinding":
             _ok_if_exists(rbac.create_cluster_role_binding, doc)
+        elif doc and doc["kind"] == "Role":
+            ns = doc["metadata"]["namespace"]
+            _ok_if_exists(rbac.create_namespaced_role, ns, doc)
+            rbac.replace_namespaced_role(doc["metadata"]["name"], ns, doc)
+        elif doc and doc["kind"] == "RoleBinding":
+            _ok_if_exists(rbac.create_namespaced_role_binding, doc["metadata"]["namespace"], doc)
     _ok_if_exists(ext.create_custom_resource_definition, {"metadata": {"name": "pytorchjobs.kubeflow.org"}, "spec": {
         "group": "kubeflow.org", "scope": "Namespaced",
         "names": {"plural": "pytorchjobs", "kind": "PyTorchJob", "singular": "pytorchjob"},
@@ -110,7 +117,8 @@ class Cluster:
 
     def build(self) -> None:
         for i in range(6):  # four job nodes, two hot spares
-            labels = {"topology.kmend.io/leaf": f"leaf-{i // 4}", "topology.kmend.io/spine": "spine-0"}
+            labels = {"topology.kmend.io/leaf": f"leaf-{i // 4}", "topology.kmend.io/spine": "spine-0",
+                      "kmend.io/test-run": self.run}
             if i >= 4:
                 labels["kmend.io/spare"] = "true"
             self.core.create_node({"metadata": {"name": self.node(i), "labels": labels}})
@@ -128,7 +136,7 @@ class Cluster:
 
     def pod(self, rank: int, node: str) -> None:
         resources = {"requests": {"nvidia.com/gpu": "8", "cpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
-        spec: dict[str, Any] = {"schedulerName": "kmend",
+        spec: dict[str, Any] = {"schedulerName": "kmend", "nodeSelector": {"kmend.io/test-run": self.run},
                                 "containers": [{"name": "c", "image": "busybox", "resources": resources}]}
         if node:
             spec["nodeName"] = node
