@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
-from collector.signal import LogLine, Signal
+from collector.signal import LogLine, Signal, Source
 from collector.wire import to_wire
 from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, StepState
 from kmend.serialize import (
@@ -60,6 +60,11 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=5000")
     cur.close()
+
+
+def _kept_as_row(signal: Signal) -> bool:
+    """Whether a signal is stored as evidence (log lines, alerts) rather than only analysed (samples)."""
+    return type(signal.payload) is LogLine or signal.source is Source.ALERT
 
 
 class Store:
@@ -137,13 +142,14 @@ class Store:
         unique: dict[str, Signal] = {}
         for s in signals:
             unique.setdefault(s.id, s)
-        # Log lines are rows: they are the evidence behind findings, and their ids make a redelivery
-        # harmless. Metric and progress samples are not: the analyzer keeps the latest values and the
-        # windows its detectors need in memory, and the agents' next samples rebuild them after a restart.
-        lines = [s for s in unique.values() if type(s.payload) is LogLine]
+        # Log lines and alerts are rows: they are the evidence behind findings (an alert is rare and is
+        # resent by Alertmanager), and their ids make a redelivery harmless. Metric and progress samples are
+        # not: the analyzer keeps the latest values and the windows its detectors need in memory, and the
+        # agents' next samples rebuild them after a restart.
+        kept = [s for s in unique.values() if _kept_as_row(s)]
         with self.engine.begin() as conn:
-            new_ids = self._insert_new(conn, lines)
-            fresh = [s for s in unique.values() if s.id in new_ids or type(s.payload) is not LogLine]
+            new_ids = self._insert_new(conn, kept)
+            fresh = [s for s in unique.values() if s.id in new_ids or not _kept_as_row(s)]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             self._write_results(conn, found, changed, merges)
             if fresh and series is not None:
