@@ -73,7 +73,7 @@ def _serve(api: FakeApiServer, tmp: Path) -> tuple[subprocess.Popen[bytes], str]
     port = free_port()
     env = {**os.environ, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig), "KMEND_PORT": str(port),
            "KMEND_DATABASE_URL": f"sqlite:///{tmp / 'k.db'}", "KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
-           "KMEND_HEALER_INTERVAL_S": "0.05", "KMEND_SCHEDULER_INTERVAL_S": "0.05", "KMEND_SYMPTOM_SETTLE_S": "0",
+           "KMEND_SYMPTOM_SETTLE_S": "0",
            "KMEND_EVENT_NAMESPACE": "kmend-system"}
     log = tmp / "serve.log"
     cmd = [sys.executable, "-m", "kmend.cli", "serve"]
@@ -191,6 +191,7 @@ def binds(pods: int, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"bench": "gang_binds", "pods": pods, "server": "loopback fake, RBAC enforced"}
     with FakeApiServer(rbac=rbac) as api:
         _cluster(api, 2 * pods)
+        api.install_crd("scheduling.x-k8s.io", "v1alpha1")
         bound = _bind_clock(api)
         # The floor: the same number of binds from a plain client, one call after another, then from 8
         # threads (kmend's bind workers); each rate is first to last bind as the server saw them.
@@ -244,6 +245,8 @@ def binds(pods: int, tmp: Path) -> dict[str, Any]:
 
 
 def _gang(api: FakeApiServer, namespace: str, pods: int, first: int) -> None:
+    # A PodGroup with minMember as a training job's has: the gang is placed once, whole, when its last pod exists.
+    api.add_custom("scheduling.x-k8s.io", "v1alpha1", namespace, "g", {"minMember": pods})
     for i in range(first, first + pods):
         api.add_pod(namespace, f"g-{i}", scheduler="kmend", requests={"nvidia.com/gpu": "8"},
                     labels={"scheduling.x-k8s.io/pod-group": "g"})

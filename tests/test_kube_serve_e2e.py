@@ -142,10 +142,13 @@ def test_serve_against_a_strict_api_server_heals_an_xid79_end_to_end(tmp_path: P
                 "signals": [to_wire(container("gpu-1", "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
                             to_wire(kernel("gpu-1", XID79))]})
             assert r.status_code == 200, r.text
+            # The quarantine's writes land one after another: wait for the last of them, the condition.
             node = _until("gpu-1 quarantined", lambda: api.nodes["gpu-1"]["spec"].get("unschedulable")
                           and any(t["key"] == "kmend.io/fault" for t in api.nodes["gpu-1"]["spec"]["taints"])
+                          and any(c["type"] == "KmendHealthy" and c["status"] == "False"
+                                  for c in api.nodes["gpu-1"]["status"]["conditions"])
                           and api.nodes["gpu-1"])
-            assert any(c["type"] == "KmendHealthy" and c["status"] == "False" for c in node["status"]["conditions"])
+            assert node["spec"]["unschedulable"]
             ev = _until("the quarantine Event", lambda: [e for e in api.events if e["reason"] == "KmendQuarantine"])
             assert ev[0]["metadata"]["namespace"] == "default" and ev[0]["involvedObject"]["name"] == "gpu-1"
 
