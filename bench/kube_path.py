@@ -1,17 +1,24 @@
 """The healing path through a Kubernetes API server, as `kmend serve --cluster kube` runs it.
 
 Server: the loopback API server of the tests (tests/fake_apiserver.py) with the shipped
-ClusterRole enforced; the official client; `kmend serve` as a child process with its real
-settings (policy from the shipped file, breaker and rate limits as shipped). Prints one JSON
-object per measurement:
+ClusterRole enforced (keep-alive, as a real server; ``--tls`` puts it behind TLS with a throwaway
+certificate); the official client; `kmend serve` as a child process with its shipped settings
+(policy, breaker, rate limits, healer and scheduler intervals). Times come from the server's own
+clock when it takes the write, not from a poll. Prints one JSON object per measurement:
 
-- signal → cordon: an Xid 79 for one node POSTed to /v1/signals, until the API server holds
-  `spec.unschedulable` for it; p50/p99 over N faults on N distinct nodes, one at a time.
+- signal → cordon: an Xid 79 for one node POSTed to /v1/signals (one keep-alive client, as an
+  agent), until the server takes the cordon PATCH; p50/p99 over N faults on N distinct nodes, one
+  at a time; with the time to the ingest answer and, as the floor in the same run, a plain client's
+  cordon PATCH on the same server.
 - leaf quarantine: Xid 79 on every node of a 32-node leaf in one batch; seconds until every
   node the breaker lets through is cordoned, and how many it held back.
-- binds: a 64-pod gang pending before kmend starts; pods/s from its first bind to its last, the delay
-  from readiness to the first bind, and, as the floor in the same run, a plain client loop binding the same
-  number of pods one by one on the same server.
+- binds: gang A (a PodGroup with minMember = N) pending before kmend starts: its first bind after
+  start and after ready; gang B arriving while kmend runs: delay to its first bind, pods/s from its
+  first bind to its last, kmend's CPU per pod; as the floor in the same run, a plain client binding
+  the same number of pods one by one, and from 8 threads, on the same server.
+
+``--serve-from DIR`` runs `kmend serve` from another source tree (an older checkout) against the
+same server, to compare in one session; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
 
 These are figures against the loopback fake, not a real kube-apiserver: its per-request cost is
 lower, so they bound kmend's own overhead rather than predict a production cluster.
