@@ -50,6 +50,8 @@ QUARANTINE = frozenset({StepKind.EVIDENCE, StepKind.CORDON, StepKind.TAINT, Step
 """The steps that take a node out of service (and keep the evidence first)."""
 AFTER_QUARANTINE = frozenset(StepKind) - QUARANTINE
 """Everything a plan does once its node is out: drain, spare swap, restore, restart, repair, notify."""
+SLOW_WAITS = frozenset({StepKind.REPAIR, StepKind.VALIDATE})
+"""Steps that wait minutes to hours on work outside kmend (a repair, a health check): asked less often."""
 
 
 class Leader(Protocol):
@@ -113,9 +115,9 @@ class Healing:
         New incidents come first: quarantining a failing node is the hot path, and plans already under
         way are waiting on something outside (pods terminating, a repair) that a second's delay does not
         change. Every new plan of the round quarantines its node before any of them drains one. A plan
-        whose step waits is asked again after ``resume_s``, twice as long each time nothing changed (up to
-        ``resume_max_s``), and at once when a request is answered. Once ``interrupted()`` says new work has
-        come, the round stops resuming plans so that the caller can start the next one.
+        whose step waits is asked again after ``resume_s`` (a repair or health check: twice as long each time
+        nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
+        says new work has come, the round stops resuming plans so that the caller can start the next one.
         """
         with self.lock:
             if not self.leader.tick():
@@ -221,9 +223,12 @@ class Healing:
     def _resume(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None], now: float) -> Plan:
         done = self._run(plan, set_state)
         if done.state is PlanState.RUNNING:
-            # Backing off while nothing changes keeps a hundred plans waiting on repairs from filling every round.
+            # Backing off while a repair or health check takes its time keeps a hundred plans waiting on repairs
+            # from filling every round; a drain, spare swap or restart is the job's downtime and is asked every
+            # resume_s.
             last = self._due.get(done.id)
-            same = last is not None and done.steps == plan.steps
+            waiting = next((s.kind for s in done.steps if s.state is StepState.WAITING), None)
+            same = last is not None and done.steps == plan.steps and waiting in SLOW_WAITS
             wait = min(last[1] * 2, self.resume_max_s) if last is not None and same else self.resume_s
             self._due[done.id] = (now + wait, wait)
         else:

@@ -18,7 +18,7 @@ from healer.lease import LeaderElector, LeaseRecord
 from healer.records import PlanState, StepKind, StepState
 from sim.cluster import SimCluster
 from tests.builders import XID79, kernel
-from tests.healing import Clock, Harness, incident
+from tests.healing import Clock, Harness, fast_policy, incident
 
 T0 = 1_700_000_000.0
 
@@ -233,3 +233,17 @@ def test_plans_quarantining_in_parallel_still_stop_at_the_breaker(shipped_rules:
     assert len(h.world.applied("cordon")) == 10
     assert sum(p.state is PlanState.BLOCKED for p in plans) == 6
     assert h.store.ledger.breaker().tripped
+
+
+def test_a_plan_waiting_on_its_drain_is_asked_every_second_not_backed_off(shipped_rules: list[Rule],
+                                                                          tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=16, job_nodes=4, policy=fast_policy(drain_grace_s=30))
+    heal = h.healing()
+    node = h.workloads.list_pods(namespace="training")[0].node
+    [plan] = heal.heal_once(_xids(shipped_rules, [node]), _no_state)
+    assert next(s for s in plan.steps if s.state is StepState.WAITING).kind is StepKind.DRAIN
+    asked = 0
+    for _ in range(40):  # twenty seconds of rounds every half second: the job is down while its pods drain
+        h.clock.advance(0.5)
+        asked += any(p.id == plan.id for p in heal.heal_once([], _no_state))
+    assert asked >= 15, asked
