@@ -209,8 +209,10 @@ class GangScheduler:
             self._told.pop(gang.key, None)
             message = (f"bound {len(placement.bindings)} pods on {len({b.node for b in placement.bindings})} "
                        f"nodes across {placement.leaves} leaves")
-            self._report(gang, PodGroupStatus(PodGroupPhase.SCHEDULED, len(gang.bound) + len(outcomes)),
-                         "Scheduled", message, "Normal")
+            # Reported by the bind workers while the next gangs are placed and bound: the Event and the PodGroup
+            # status are two writes per gang that no later gang needs to wait for (the cycle ends when they do).
+            scheduled = PodGroupStatus(PodGroupPhase.SCHEDULED, len(gang.bound) + len(outcomes))
+            pool.submit(self._report_quietly, gang, scheduled, "Scheduled", message, "Normal")
             return GangResult(gang.key, Outcome.BOUND, len(outcomes), placement=placement)
         failed = sum(1 for _, s in outcomes if s in ("failed", "uncertain"))
         if self.metrics is not None:
@@ -251,6 +253,13 @@ class GangScheduler:
             except ClusterError as exc:
                 # The gang stays partly bound; the timeout path releases it in a later cycle.
                 log.warning("releasing %s/%s: %s", pod.namespace, pod.name, exc)
+
+    def _report_quietly(self, gang: Gang, status: PodGroupStatus, reason: str, message: str, type: str) -> None:
+        """``_report`` on a worker thread, where nobody waits for its result: a bug is logged, not lost."""
+        try:
+            self._report(gang, status, reason, message, type)
+        except Exception:
+            log.exception("reporting on %s crashed", gang.key)
 
     def _report(self, gang: Gang, status: PodGroupStatus, reason: str, message: str, type: str,
                 *, write_status: bool = True) -> None:
