@@ -8,10 +8,12 @@ that node, whichever arrives first.
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable
+from dataclasses import replace
 
+from analyzer.incident_index import Draft as _Draft
+from analyzer.incident_index import OpenIndex, jobs_seen
 from analyzer.records import (
     ACTION_RANK,
     SEVERITY_RANK,
@@ -59,35 +61,16 @@ def incident_id_for(finding: Finding) -> str:
     return "inc-" + hashlib.sha256(finding.id.encode()).hexdigest()[:12]
 
 
-@dataclass(slots=True)
-class _Draft:
-    id: str
-    root: Finding
-    findings: list[Finding]
-    state: IncidentState = IncidentState.OPEN
-    timeline: list[TimelineEntry] = field(default_factory=list)
-    merged_into: str | None = None
-    first_ts: float = float("inf")
-    last_ts: float = float("-inf")
-
-    def __post_init__(self) -> None:
-        for f in self.findings:
-            self.note_ts(f.ts)
-
-    def note_ts(self, ts: float) -> None:
-        self.first_ts = min(self.first_ts, ts)
-        self.last_ts = max(self.last_ts, ts)
-
-    @property
-    def symptom_only(self) -> bool:
-        return self.root.is_symptom_class
-
-
 class Correlator:
-    """Folds findings into incidents, incrementally and idempotently."""
+    """Folds findings into incidents, incrementally and idempotently.
+
+    Open incidents are indexed (`OpenIndex`): a finding is compared with the incidents that share
+    its node, job, cause key or a node its job ran on, not with every open incident. ``index=False``
+    compares it with every open incident instead: the reference the index is tested and measured against.
+    """
 
     def __init__(self, *, window_s: float = DEFAULT_WINDOW_S, max_incidents: int = 5000,
-                 bundle: bool = False, placement_ttl_s: float | None = None) -> None:
+                 bundle: bool = False, placement_ttl_s: float | None = None, index: bool = True) -> None:
         self.window_s = window_s
         # A job's hold on a node expires when the node has shown nothing of it for this long (time from the
         # records): jobs end and others take the node, and an Xid belongs to the job there now.
@@ -96,8 +79,12 @@ class Correlator:
         # explain any symptom (and vice versa). A live cluster runs many jobs, so it needs a link.
         self.bundle = bundle
         self.max_incidents = max_incidents
+        self.indexed = index
         self._latest_ts = 0.0
         self._drafts: dict[str, _Draft] = {}
+        self._order = 0
+        self._index = OpenIndex()
+        self._prune_above = max_incidents
         self._by_finding: dict[str, str] = {}
         self._job_nodes: dict[str, dict[str, float]] = defaultdict(dict)
         self._node_jobs: dict[str, dict[str, float]] = defaultdict(dict)
@@ -108,9 +95,13 @@ class Correlator:
     def observe_placement(self, job: str, node: str, ts: float | None = None) -> None:
         """Record that `job` ran on `node` at `ts` (None: for good, as in a log bundle cut around one failure)."""
         seen = float("inf") if ts is None else ts
-        if seen > self._node_jobs[node].get(job, float("-inf")):
+        jobs = self._node_jobs[node]
+        before = jobs.get(job)
+        if before is None or seen > before:
             self._job_nodes[job][node] = seen
-            self._node_jobs[node][job] = seen
+            jobs[job] = seen
+            if before is None:
+                self._index.placed(job, node)
 
     def jobs_on(self, node: str, at: float | None = None) -> frozenset[str]:
         """Jobs seen on a node (at `at`: those seen within the placement TTL before it)."""
@@ -159,11 +150,13 @@ class Correlator:
         for old, _new in self._merges:
             touched.setdefault(old, self._drafts[old])
         out = [self._view(d) for d in touched.values()]
-        if len(self._drafts) > self.max_incidents:
+        if len(self._drafts) > self._prune_above:
             # Bounded memory: long-quiet finished incidents can no longer attract findings anyway. Live ones
             # stay whatever the times say: finding times come from senders' clocks (bounded by the service's
             # clock at its edge), and no timestamp may make kmend forget an incident it is still healing.
             self.prune(self._latest_ts - 3 * self.window_s)
+            # Pruning reads every draft: when most are live, wait until the count grows by half again.
+            self._prune_above = max(self.max_incidents, len(self._drafts) * 3 // 2)
         return out
 
     def restore(self, incident: Incident) -> None:
@@ -176,11 +169,11 @@ class Correlator:
         root = causes[0] if causes else max(incident.findings, key=narrowing)
         d = _Draft(id=incident.id, root=root, findings=[root, *(f for f in incident.findings if f is not root)],
                    state=incident.state, timeline=list(incident.timeline))
-        self._drafts[d.id] = d
         for f in d.findings:
             self._by_finding[f.id] = d.id
             if f.where.job and f.where.node:
                 self.observe_placement(f.where.job, f.where.node, f.ts)
+        self._insert(d)
         self._latest_ts = max(self._latest_ts, d.last_ts)
 
     def take_merges(self) -> list[tuple[str, str]]:
@@ -193,12 +186,36 @@ class Correlator:
         draft = self._drafts[incident_id]
         draft.state = state
         draft.timeline.append(TimelineEntry(ts, f"{state.value}: {why}"))
+        self._reindex(draft)
         return self._view(draft)
+
+    def resolve_quiet(self, before_ts: float, now: float, *, keep: Collection[str] = (),
+                      quiet_s: float | None = None) -> list[Incident]:
+        """Resolve open incidents whose newest finding is older than `before_ts`; returns them.
+
+        A fault that stops showing is over, or no longer worth anyone's attention (a notify-only
+        incident would otherwise stay open for ever). Incidents being remediated, and those in
+        `keep` (a plan still running or waiting for approval), stay open. `now` stamps the timeline.
+        """
+        why = f"quiet for {quiet_s:.0f} s" if quiet_s is not None else "quiet"
+        return [self.set_state(i, IncidentState.RESOLVED, now, why) for i in self.quiet(before_ts) if i not in keep]
+
+    def quiet(self, before_ts: float) -> list[str]:
+        """Ids of open incidents (not remediating) whose newest finding is older than `before_ts`."""
+        return [d.id for d in self._index.drafts() if d.state is IncidentState.OPEN and d.last_ts < before_ts]
 
     def incidents(self) -> list[Incident]:
         """All incidents not merged into another, oldest first."""
         live = [d for d in self._drafts.values() if d.merged_into is None]
         return [self._view(d) for d in sorted(live, key=lambda d: d.first_ts)]
+
+    def active(self) -> list[Incident]:
+        """Open and remediating incidents, oldest first (what the healer and the node view read)."""
+        return [self._view(d) for d in sorted(self._index.drafts(), key=lambda d: (d.first_ts, d.order))]
+
+    def active_counts(self) -> Counter[FaultClass]:
+        """How many incidents are open or remediating, by fault class."""
+        return Counter(d.root.fault_class for d in self._index.drafts())
 
     def prune(self, before_ts: float) -> int:
         """Forget resolved or suppressed incidents last updated before `before_ts` (they live on in the store).
@@ -235,6 +252,28 @@ class Correlator:
             d = self._drafts[d.merged_into]
         return d
 
+    def _insert(self, d: _Draft) -> None:
+        old = self._drafts.get(d.id)
+        if old is not None:
+            d.order = old.order  # the same id again keeps its place, as a dict key does
+            self._index.remove(old)
+        else:
+            self._order += 1
+            d.order = self._order
+        self._drafts[d.id] = d
+        self._reindex(d)
+
+    def _reindex(self, d: _Draft) -> None:
+        """Put a draft in the index under its current root, or take it out once merged or finished."""
+        d.view = None
+        self._index.remove(d)
+        if d.merged_into is not None or d.state not in (IncidentState.OPEN, IncidentState.REMEDIATING):
+            return
+        if d.symptom_only:
+            self._index.add_symptom(d)
+        else:
+            self._index.add_cause(d, self._cause_key(d.root), jobs_seen(self._node_jobs, d.root.where.node))
+
     def _with_inferred_job(self, f: Finding) -> Finding:
         # Kernel lines name no job; if exactly one job runs on the node, it is that job's.
         if f.where.job is None and f.where.node:
@@ -265,31 +304,52 @@ class Correlator:
                 return True
         return self.bundle and (job is None or cause.where.job is None)
 
+    def _explains_some(self, cause: Finding, d: _Draft) -> bool:
+        """``any(self._related(cause, s) for s in d.findings)`` from the draft's member summary, in O(jobs)."""
+        w = cause.where
+        if (w.node and w.node in d.member_nodes) or (w.job is not None and w.job in d.member_jobs):
+            return True
+        for job, earliest in d.member_jobs.items():
+            seen = self._job_nodes.get(job, {}).get(w.node or "")
+            # Freshness is judged at max(cause time, member time): the earliest member is the best chance.
+            if seen is not None and self._fresh(seen, max(cause.ts, earliest)):
+                return True
+        return self.bundle and (d.member_nojob or w.job is None)
+
     def _cause_for(self, symptom: Finding) -> _Draft | None:
         best: _Draft | None = None
-        for d in self._open_drafts():
+        if not self.indexed:
+            candidates: Iterable[_Draft] = self._open_drafts()
+        elif self.bundle:
+            candidates = self._index.causes.values()
+        else:
+            candidates = self._index.causes_for(symptom, symptom.symptom_of)
+        ts, w, classes = symptom.ts, self.window_s, symptom.symptom_of
+        for d in candidates:
+            # The cheap tests first: a job's bucket may hold many causes on its nodes.
+            if not d.first_ts - w <= ts <= d.last_ts + w:
+                continue
+            if best is not None and (d.first_ts, d.order) >= (best.first_ts, best.order):
+                continue
             r = d.root
-            if d.symptom_only or r.fault_class not in symptom.symptom_of:
+            if r.is_symptom_class or r.fault_class not in classes or not self._related(r, symptom):
                 continue
-            if not self._near(d, symptom.ts) or not self._related(r, symptom):
-                continue
-            if best is None or d.first_ts < best.first_ts:
-                best = d
+            best = d
         return best
 
     def _same_symptom(self, f: Finding) -> _Draft | None:
-        for d in self._open_drafts():
-            if not d.symptom_only or not self._near(d, f.ts):
+        best: _Draft | None = None
+        for d in self._open_drafts() if not self.indexed else self._index.same_symptom(f):
+            if not d.symptom_only or not self._near(d, f.ts) or (best is not None and best.order < d.order):
                 continue
             same_kind = d.root.fault_class == f.fault_class or (
                 is_job_failure(f) and is_job_failure(d.root) and f.where.job is not None)
             if not same_kind:
                 continue
-            if f.where.job is not None and f.where.job == d.root.where.job:
-                return d
-            if f.where.job is None and d.root.where.job is None and f.where.node == d.root.where.node:
-                return d
-        return None
+            if (f.where.job is not None and f.where.job == d.root.where.job) or (
+                    f.where.job is None and d.root.where.job is None and f.where.node == d.root.where.node):
+                best = d
+        return best
 
     def _cause_key(self, f: Finding) -> tuple[object, ...]:
         if f.hardware:
@@ -299,51 +359,64 @@ class Correlator:
 
     def _same_cause(self, f: Finding) -> _Draft | None:
         key = self._cause_key(f)
-        for d in self._open_drafts():
+        best: _Draft | None = None
+        for d in self._open_drafts() if not self.indexed else self._index.same_cause(key):
+            if best is not None and best.order < d.order:
+                continue
             if not d.symptom_only and self._cause_key(d.root) == key and self._near(d, f.ts):
-                return d
-        return None
+                best = d
+        return best
 
     def _adopt_symptoms(self, cause: Finding) -> _Draft | None:
         """A cause arriving after its symptoms takes over their incident(s) as root."""
+        if not self.indexed:
+            candidates: Iterable[_Draft] = self._open_drafts()
+        elif self.bundle:
+            candidates = self._index.symptoms.values()
+        else:
+            candidates = self._index.adoptable(cause, jobs_seen(self._node_jobs, cause.where.node))
         orphans = [
-            d for d in self._open_drafts()
+            d for d in candidates
             if d.symptom_only and cause.fault_class in d.root.symptom_of
-            and self._near(d, cause.ts) and any(self._related(cause, s) for s in d.findings)
+            and self._near(d, cause.ts) and (
+                self._explains_some(cause, d) if self.indexed else any(self._related(cause, s) for s in d.findings))
         ]
         if not orphans:
             return None
-        orphans.sort(key=lambda d: d.first_ts)
+        orphans.sort(key=lambda d: (d.first_ts, d.order))
         keep = orphans[0]
         for other in orphans[1:]:
             keep.findings.extend(other.findings)
-            keep.note_ts(other.first_ts)
-            keep.note_ts(other.last_ts)
             for s in other.findings:
+                keep.note(s)
                 self._by_finding[s.id] = keep.id
             other.merged_into = keep.id
             other.state = IncidentState.SUPPRESSED
             other.timeline.append(TimelineEntry(cause.ts, f"merged into {keep.id}"))
+            self._reindex(other)
             self._merges.append((other.id, keep.id))
         keep.root = cause
         keep.findings.insert(0, cause)
-        keep.note_ts(cause.ts)
+        keep.note(cause)
         self._by_finding[cause.id] = keep.id
         why = f"root cause found: {cause.rule_id} on {cause.where.node}"
         keep.timeline.append(TimelineEntry(cause.ts, why))
+        self._reindex(keep)
         return keep
 
     def _open(self, f: Finding) -> _Draft:
         d = _Draft(id=incident_id_for(f), root=f, findings=[f])
         d.timeline.append(TimelineEntry(f.ts, f"opened by {f.rule_id} on {f.where.node}"))
-        self._drafts[d.id] = d
+        self._insert(d)
         self._by_finding[f.id] = d.id
         return d
 
     def _attach(self, d: _Draft, f: Finding) -> None:
         d.findings.append(f)
-        d.note_ts(f.ts)
+        d.note(f)
+        d.view = None
         self._by_finding[f.id] = d.id
+        self._index.add_member(d, f)
         if d.symptom_only and narrowing(f) > narrowing(d.root):
             # A detector that names the culprit becomes the root of a job-wide failure.
             d.findings.remove(f)
@@ -351,8 +424,11 @@ class Correlator:
             d.root = f
             who = f"rank {f.where.rank} on {f.where.node}" if f.where.rank is not None else f"{f.where.node}"
             d.timeline.append(TimelineEntry(f.ts, f"root cause narrowed by {f.rule_id}: {who}"))
+            self._reindex(d)
 
     def _view(self, d: _Draft) -> Incident:
+        if d.view is not None:
+            return d.view
         root = d.root
         jobs = {f.where.job for f in d.findings if f.where.job}
         causes = [f for f in d.findings if not f.is_symptom_class] or [root]
@@ -366,12 +442,13 @@ class Correlator:
         elif not root.hardware and len({f.where.node for f in causes}) > 1:
             # The same application fault on many nodes is the job's, not any one node's.
             rc = Location(job=rc.job)
-        return Incident(
+        d.view = Incident(
             id=d.id, fault_class=root.fault_class, severity=severity, hardware=root.hardware,
             recommended_action=action, root_cause=rc, opened_at=d.first_ts, updated_at=d.last_ts,
             findings=tuple(d.findings), jobs=frozenset(jobs), state=d.state,
             timeline=tuple(d.timeline),
         )
+        return d.view
 
     @staticmethod
     def _symptom_root(d: _Draft) -> Location:

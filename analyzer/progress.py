@@ -44,6 +44,8 @@ class ProgressEvent:
     """The signal it came from (evidence)."""
     rule_id: str = "hook"
     """Progress rule that matched, or ``hook`` for samples from the training-script hook."""
+    world_size: int | None = None
+    """Ranks in the run, when the reporter said (the hook records torchrun's ``WORLD_SIZE``)."""
 
 
 def match_progress(text: str, rules: Sequence[ProgressRule]) -> tuple[ProgressRule, Extracted] | None:
@@ -70,6 +72,12 @@ class ProgressExtractor:
         self._counters: dict[tuple[str, int, str], int] = {}
         self._epochs: dict[tuple[str, int, str], tuple[int, int, int]] = {}
 
+    def forget(self, job: str) -> None:
+        """Drop the step counters of a job that left the book."""
+        for kept in (self._counters, self._epochs):
+            for key in [k for k in kept if k[0] == job]:
+                del kept[key]
+
     def extract(self, signals: Sequence[Signal]) -> list[ProgressEvent]:
         """Progress events found in a batch, in signal order."""
         out: list[ProgressEvent] = []
@@ -78,7 +86,7 @@ class ProgressExtractor:
             if isinstance(p, ProgressSample):
                 out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=_KINDS[p.event],
                                          step=p.step, step_time=p.step_time, phases=dict(p.phases),
-                                         signal_id=sig.id))
+                                         signal_id=sig.id, world_size=p.world_size))
             elif isinstance(p, LogLine) and self.rules:
                 ev = self._from_line(sig, p)
                 if ev is not None:

@@ -37,7 +37,7 @@ from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, S
 from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
-from healer.workloads import ObjectKey, Workloads
+from healer.workloads import ObjectKey, PodInfo, Workloads
 from kmend.metrics import Metrics
 from kmend.store import Store
 
@@ -298,13 +298,16 @@ class Healing:
             except NotFoundError:
                 pass
         job = inc.root_cause.job
+        on_node: list[PodInfo] = []
         if node and inc.hardware:
             # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
-            bound = jobs_bound(self.ctx.workloads.list_pods(node=node))
+            on_node = [p for p in self.ctx.workloads.list_pods(node=node) if p.node and not p.terminating]
+            bound = jobs_bound(on_node)
             job = job if job in bound else (bound[0] if len(bound) == 1 else "")
         namespace = None
         if job:
-            pods = pods_of_job(self.ctx.workloads.list_pods(), job)
+            # Job names repeat across namespaces: the one whose pod runs on the node is the one hurt.
+            pods = pods_of_job(on_node, job) or pods_of_job(self.ctx.workloads.list_pods(), job)
             if pods:
                 namespace = pods[0].namespace
                 opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, job,

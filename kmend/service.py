@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from analyzer.correlate import Correlator
@@ -16,7 +16,7 @@ from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
-from analyzer.metric_eval import SignalEvaluator
+from analyzer.metric_eval import SeriesState, SignalEvaluator
 from analyzer.metric_rules import SignalRules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
@@ -37,6 +37,7 @@ from healer.workloads import Workloads
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
+from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
 log = logging.getLogger("kmend.service")
@@ -58,6 +59,12 @@ class HealerConfig:
     """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
     resume_s: float = 1.0
     """How often a plan whose step waits (pods terminating, a repair) is asked again."""
+    quiet_resolve_s: float = 21600.0
+    """An open incident with no new finding for this long resolves on its own (0: never)."""
+    retention: Retention = field(default_factory=Retention)
+    """How long each table keeps its rows."""
+    retention_interval_s: float = 600.0
+    """How often rows past their retention are deleted."""
 
 
 class Kmend:
@@ -107,6 +114,7 @@ class Kmend:
         self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
+        self._next_retention = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None,
@@ -124,6 +132,9 @@ class Kmend:
     def start(self) -> None:
         """Migrate the schema and rebuild in-memory state from the store."""
         self.store.migrate()
+        # Counters go on from their last stored sample: an increase across the restart is found, and
+        # a counter that did not move is not an increase from zero.
+        self.signals.restore(self.store.metric_series())
         self.rebuild()
         self.ready = True
 
@@ -152,8 +163,16 @@ class Kmend:
         """Store and analyze a batch; repeated ids are ignored."""
         with self._lock, self.metrics.batch_seconds.time():
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
+            changed: list[SeriesState] = []
+
+            def series() -> list[SeriesState]:
+                # Taken once per batch: a retried transaction writes the same states again.
+                if not changed:
+                    changed.extend(self.signals.take_changed())
+                return changed
+
             try:
-                outcome = retrying(lambda: self.store.ingest(signals, analyse), self._retry_sleep)
+                outcome = retrying(lambda: self.store.ingest(signals, analyse, series), self._retry_sleep)
             except Exception:
                 # Not transient, or still failing: the correlator may hold findings never stored: rebuild it.
                 self.rebuild()
@@ -217,11 +236,11 @@ class Kmend:
         self._count(outcome)
         return outcome
 
-    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str) -> None:
+    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
         with self._lock:
             t = self.detector_now()
-            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text,
+            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
                                                       source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
         self._wake.set()
 
@@ -276,7 +295,22 @@ class Kmend:
     def _evaluate(self, now: float, judged: Sequence[Finding] = ()
                   ) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         found, changed = self.analyzer.evaluate(now, judged)
-        return found, changed, self.analyzer.correlator.take_merges()
+        return found, changed + self._resolve_quiet(now), self.analyzer.correlator.take_merges()
+
+    def _resolve_quiet(self, now: float) -> list[Incident]:
+        """Open incidents quiet for `quiet_resolve_s` resolve, unless a plan for them is unfinished.
+
+        Judged on the signals' timeline (`now` is the detectors' now), and only once a signal has
+        arrived since start: restored incidents are not judged by a clock their senders never shared.
+        Without it, notify-only incidents stayed open for ever, each one more for the correlator and
+        the healer to look at.
+        """
+        quiet_s = self.healer.quiet_resolve_s
+        corr = self.analyzer.correlator
+        if quiet_s <= 0 or self.detectors.watermark <= 0 or not corr.quiet(now - quiet_s):
+            return []
+        keep = self.store.incidents_with_unfinished_plans()
+        return corr.resolve_quiet(now - quiet_s, self.clock(), keep=keep, quiet_s=quiet_s)
 
     def incidents(self) -> list[Incident]:
         """All incidents, oldest first."""
@@ -291,18 +325,25 @@ class Kmend:
         ``interrupted`` tells the round that new work has come: it stops resuming older plans.
         """
         with self._lock:
-            incidents = self.analyzer.correlator.incidents()
+            incidents = self.analyzer.correlator.active()
         return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
         with self._lock:
-            current = next((i for i in self.analyzer.correlator.incidents() if i.id == incident_id), None)
-            if current is None or current.state == state:
+            current = self.analyzer.correlator.get(incident_id)
+            if current is None or current.id != incident_id or current.state == state:
                 return
             updated = self.analyzer.correlator.set_state(incident_id, state, self.clock(), why)
         self.store.save_incident(updated)
         self._refresh_open_gauge()
+
+    def prune_store(self) -> dict[str, int]:
+        """Delete rows past their retention (the healer loop does this every `retention_interval_s`)."""
+        deleted = self.store.prune(self.healer.retention)
+        if deleted:
+            log.info("retention: deleted %s", ", ".join(f"{n} {table}" for table, n in sorted(deleted.items())))
+        return deleted
 
     def wake(self) -> None:
         """Make the healer loop run now."""
@@ -327,6 +368,12 @@ class Kmend:
                     self.evaluate()
             except Exception:
                 log.exception("detector evaluation failed")
+            if self.clock() >= self._next_retention:
+                self._next_retention = self.clock() + self.healer.retention_interval_s
+                try:
+                    self.prune_store()
+                except Exception:
+                    log.exception("pruning the store failed")
             if self.clock() >= self._next_gauges:
                 self._next_gauges = self.clock() + 10.0
                 try:
@@ -340,7 +387,7 @@ class Kmend:
     def node_health(self) -> dict[str, dict[str, Any]]:
         """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined."""
         with self._lock:
-            active = [i for i in self.analyzer.correlator.incidents() if i.state in ACTIVE]
+            active = self.analyzer.correlator.active()
         by_node: dict[str, list[Incident]] = {}
         for inc in active:
             if inc.root_cause.node:
@@ -384,11 +431,8 @@ class Kmend:
         self.node_health()  # sets kmend_nodes_quarantined
 
     def _refresh_open_gauge(self) -> None:
-        counts: Tally[str] = Tally()
-        for i in self.analyzer.correlator.incidents():
-            if i.state in ACTIVE:
-                counts[i.fault_class.value] += 1
+        counts = self.analyzer.correlator.active_counts()
         self.metrics.incidents_open.clear()
         for fc, n in counts.items():
-            self.metrics.incidents_open.labels(fc).set(n)
+            self.metrics.incidents_open.labels(fc.value).set(n)
 

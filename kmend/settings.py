@@ -35,12 +35,21 @@ class Settings(BaseSettings):
     require_approval: bool = False
     correlation_window_s: float = 1200.0
     symptom_settle_s: float = Field(30.0, description="wait this long for a cause before acting on symptoms")
+    incident_quiet_resolve_s: float = Field(21600.0, ge=0, description=(
+        "an open incident with no new finding for this long resolves on its own, notify-only ones included "
+        "(not while it is remediated or a plan for it is unfinished; 0: never)"))
     healer_interval_s: float = 0.5
+    retention_signals_s: float = Field(7 * 86400.0, ge=0, description="keep stored log lines this long (0: for ever)")
+    retention_incidents_s: float = Field(90 * 86400.0, ge=0, description=(
+        "keep resolved and suppressed incidents and their findings this long (0: for ever)"))
+    retention_plans_s: float = Field(90 * 86400.0, ge=0, description="keep finished plans and their steps this long")
+    retention_audit_s: float = Field(365 * 86400.0, ge=0, description="keep audit log entries this long (0: for ever)")
+    retention_requests_s: float = Field(30 * 86400.0, ge=0, description="keep answered node requests this long")
     progress_rules_dirs: list[Path] = Field(default_factory=lambda: [default_progress_rules_dir()])
     detector_interval_s: float = Field(1.0, description="how often hang/straggler/Flight Recorder detectors run")
     hang_k: float = Field(2.4, description="hang when no progress for k x the job's median report interval "
                                            "(plus its spread; never past max(3 x median, 15 s) - 2 s) ...")
-    hang_floor_s: float = Field(10.0, description="... and at least this many seconds")
+    hang_floor_s: float = Field(13.0, description="... and at least this many seconds")
     straggler_min_slowdown: float = Field(1.05, description="slowdown factor a straggler must reach")
     straggler_persistence: int = Field(3, description="consecutive steps a straggler must stay slow")
     flight_recorder_settle_s: float = Field(10.0, description="judge a job's dumps once none arrived for this long")

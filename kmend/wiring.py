@@ -30,6 +30,7 @@ from kmend.metrics import Metrics
 from kmend.service import HealerConfig, Kmend
 from kmend.settings import Settings
 from kmend.store import Store
+from kmend.store.retention import Retention
 from sim.cluster import SimCluster
 from sim.workloads import SimWorkloads
 from sim.world import JobSpec, SimWorld
@@ -160,7 +161,12 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         scheduler=make_scheduler(settings, cluster, leader, metrics, pod_scheduling),
         healer=HealerConfig(PolicyConfig(dry_run=settings.dry_run, require_approval=settings.require_approval),
                             symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s,
-                            detector_interval_s=settings.detector_interval_s),
+                            detector_interval_s=settings.detector_interval_s,
+                            quiet_resolve_s=settings.incident_quiet_resolve_s,
+                            retention=Retention(signals_s=settings.retention_signals_s,
+                                                incidents_s=settings.retention_incidents_s,
+                                                plans_s=settings.retention_plans_s, audit_s=settings.retention_audit_s,
+                                                requests_s=settings.retention_requests_s)),
         correlation_window_s=settings.correlation_window_s, health_check_template=template,
         namespace=settings.namespace,
         progress_rules=load_progress_rules(settings.progress_rules_dirs),

@@ -286,7 +286,7 @@ class FlightRecorderDetector:
         self._dumps: dict[str, dict[int, RankDump]] = {}
         self._members: dict[str, set[int]] = {}
         self._last: dict[str, float] = {}
-        self._reported: set[str] = set()
+        self._reported: dict[str, set[str]] = {}
 
     def add(self, job: str, dump: RankDump, ts: float) -> None:
         """Keep one rank's dump of `job` (a newer dump of the same rank replaces it)."""
@@ -316,10 +316,16 @@ class FlightRecorderDetector:
 
     def first_report(self, finding: Finding) -> bool:
         """True the first time a finding id is seen, so each stuck collective is reported once."""
-        if finding.id in self._reported:
+        reported = self._reported.setdefault(finding.where.job or "", set())
+        if finding.id in reported:
             return False
-        self._reported.add(finding.id)
+        reported.add(finding.id)
         return True
+
+    def forget(self, job: str) -> None:
+        """Drop the dumps and reports of a job that left the book."""
+        for kept in (self._dumps, self._members, self._last, self._reported):
+            kept.pop(job, None)
 
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose dumps stopped arriving `settle_s` ago (or are all in)."""

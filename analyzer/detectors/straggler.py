@@ -91,6 +91,13 @@ class StragglerDetector:
         """(job, error) for jobs whose data could not be scored; the suite drains and reports them."""
         self._lags: dict[tuple[str, int], _Episode] = {}
 
+    def forget(self, job: str) -> None:
+        """Drop the episodes of a job that left the book."""
+        self._last_step.pop(job, None)
+        self._ranks = {k: e for k, e in self._ranks.items() if k[0] != job}
+        self._nodes = {k: e for k, e in self._nodes.items() if k[0] != job}
+        self._lags = {k: e for k, e in self._lags.items() if k[0] != job}
+
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose step advanced since the last evaluation."""
         out: list[Finding] = []

@@ -129,13 +129,20 @@ class DetectorSuite:
         self.straggler.failures.clear()
         found += self._guarded("witnesses", lambda: self.witnesses.evaluate(now))
         found += self._guarded("stacks", lambda: self.stacks.evaluate(now, self.hang.verdict))
-        self.book.expire(now, self.forget_after_s)
+        for job in self.book.expire(now, self.forget_after_s):
+            self.forget(job)
         fr = list(judged or ())
         fr += self.judge_dumps(self._guarded(self.flight_recorder.id, lambda: self.take_settled_dumps(now)))
         for f in fr:
             if self.flight_recorder.first_report(f):
                 found.append(self._placed(f))
         return found
+
+    def forget(self, job: str) -> None:
+        """A job left the book (silent for `forget_after_s`): every detector drops what it kept about it."""
+        for detector in (self.extractor, self.hang, self.straggler, self.flight_recorder, self.witnesses,
+                         self.stacks):
+            detector.forget(job)
 
     def take_failures(self) -> list[DetectorFailure]:
         """Failures since the last call (the service logs and counts them)."""

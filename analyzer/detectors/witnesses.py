@@ -41,6 +41,11 @@ class WitnessDetector:
         self._open: dict[str, _Complaints] = {}
         self._reported: set[tuple[str, int]] = set()
 
+    def forget(self, job: str) -> None:
+        """Drop the complaints and reports of a job that left the book."""
+        self._open.pop(job, None)
+        self._reported = {k for k in self._reported if k[0] != job}
+
     def observe(self, findings: list[Finding]) -> None:
         """Take the complaints among rule findings (those with a job and a rank)."""
         for f in findings:

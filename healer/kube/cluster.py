@@ -92,6 +92,11 @@ def create_once(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         raise translate(exc) from exc
 
 
+STRICT = "Strict"
+"""``fieldValidation`` of every write of a built-in object: without it the API server drops a field it does not
+know with no more than a warning (the write "succeeds" without it); with it, the write is refused naming the
+field (400 on a create, 422 on a patch)."""
+
 #: Where core/v1 Events about cluster-scoped objects (Nodes) must live on a real API server.
 CLUSTER_SCOPED_EVENT_NAMESPACE = "default"
 
@@ -143,10 +148,12 @@ class KubeCluster:
         return self._info_json(json.loads(resp.data))
 
     def cordon(self, name: str) -> None:
-        call_api(self.core.patch_node, name, {"spec": {"unschedulable": True}}, _request_timeout=self.timeout)
+        call_api(self.core.patch_node, name, {"spec": {"unschedulable": True}}, field_validation=STRICT,
+                 _request_timeout=self.timeout)
 
     def uncordon(self, name: str) -> None:
-        call_api(self.core.patch_node, name, {"spec": {"unschedulable": False}}, _request_timeout=self.timeout)
+        call_api(self.core.patch_node, name, {"spec": {"unschedulable": False}}, field_validation=STRICT,
+                 _request_timeout=self.timeout)
 
     def add_taint(self, name: str, taint: Taint) -> None:
         def edit(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -172,7 +179,7 @@ class KubeCluster:
             "type": condition.type, "status": condition.status, "reason": condition.reason,
             "message": condition.message, "lastHeartbeatTime": now, "lastTransitionTime": transition,
         }]}}
-        call_api(self.core.patch_node_status, name, body, _request_timeout=self.timeout)
+        call_api(self.core.patch_node_status, name, body, field_validation=STRICT, _request_timeout=self.timeout)
 
     def emit_event(self, event: ClusterEvent) -> None:
         node: Any = call_api(self.core.read_node, event.node, _request_timeout=self.timeout)
@@ -193,7 +200,8 @@ class KubeCluster:
             reporting_component=self.component, reporting_instance=self.host,
             first_timestamp=now, last_timestamp=now, count=1, action="Remediate",
         )
-        create_once(self.core.create_namespaced_event, namespace, body, _request_timeout=self.timeout)
+        create_once(self.core.create_namespaced_event, namespace, body, field_validation=STRICT,
+                    _request_timeout=self.timeout)
 
     def patch_node_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
                             annotations: Mapping[str, str | None] | None = None) -> None:
@@ -203,7 +211,8 @@ class KubeCluster:
         if annotations:
             meta["annotations"] = dict(annotations)
         if meta:  # a merge patch: null removes a key, other keys are left alone
-            call_api(self.core.patch_node, name, {"metadata": meta}, _request_timeout=self.timeout)
+            call_api(self.core.patch_node, name, {"metadata": meta}, field_validation=STRICT,
+                     _request_timeout=self.timeout)
 
     # -- internals ---------------------------------------------------------------
 
@@ -221,7 +230,7 @@ class KubeCluster:
             body = {"metadata": {"resourceVersion": node.metadata.resource_version},
                     "spec": {"taints": wanted}}
             try:
-                call_api(self.core.patch_node, name, body, _request_timeout=self.timeout)
+                call_api(self.core.patch_node, name, body, field_validation=STRICT, _request_timeout=self.timeout)
                 return
             except TemporaryError:
                 if attempt == _CONFLICT_RETRIES - 1:

@@ -40,6 +40,7 @@ from healer.gang.records import (
     Toleration,
     TolerationOperator,
 )
+from healer.kube.cluster import STRICT
 from healer.kube.watch import PodInformer
 
 REASON_ANNOTATION = "kmend.io/schedule-reason"
@@ -128,7 +129,12 @@ def _requirements(items: Sequence[Json] | None) -> tuple[Requirement, ...]:
 
 
 def pod_record(obj: Json) -> PodRecord:
-    """A Pod object as a PodRecord."""
+    """A Pod object as a PodRecord.
+
+    A pod with ``spec.schedulingGates`` (held back by a queue such as Kueue) is not to be placed yet: the API
+    server refuses its binding (409 ``non-empty .spec.schedulingGates``) and kube-scheduler leaves it alone, so
+    it is read as holding nothing and needing no place (``finished``) until its last gate is removed.
+    """
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     required = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
                  .get("requiredDuringSchedulingIgnoredDuringExecution")) or {})
@@ -142,7 +148,8 @@ def pod_record(obj: Json) -> PodRecord:
         requests=effective_requests(spec), node_name=spec.get("nodeName") or "",
         scheduler_name=spec.get("schedulerName") or "default-scheduler",
         terminating=meta.get("deletionTimestamp") is not None,
-        finished=status.get("phase") in ("Succeeded", "Failed"),
+        finished=status.get("phase") in ("Succeeded", "Failed") or bool(spec.get("schedulingGates")
+                                                                       and not spec.get("nodeName")),
         labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
         tolerations=tolerations, node_selector=dict(spec.get("nodeSelector") or {}), affinity=terms,
         priority=int(spec.get("priority") or 0), created=_ts(meta.get("creationTimestamp")))
@@ -270,7 +277,7 @@ class KubePodScheduling:
         """POST pods/{name}/binding with the pod's UID as precondition."""
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.name, uid=pod.uid or None),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        self._write(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body)
+        self._write(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body, field_validation=STRICT)
 
     def delete_pod(self, pod: PodRecord) -> None:
         """DELETE with a UID precondition: a missing or already recreated pod counts as released."""
@@ -293,7 +300,7 @@ class KubePodScheduling:
             first_timestamp=now, last_timestamp=now,
             source=client.V1EventSource(component=self.component), reporting_component=self.component)
         try:
-            self._write(self.core.create_namespaced_event, ref.namespace, event)
+            self._write(self.core.create_namespaced_event, ref.namespace, event, field_validation=STRICT)
         except NotFoundError:
             return
 

@@ -15,6 +15,7 @@ from collector.signal import Signal
 from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN, bound_time
 from collector.wire import SignalBatch, to_record
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
+from kmend.api.signal_decode import decode_fast
 from kmend.service import Kmend
 from kmend.settings import Settings
 
@@ -77,13 +78,16 @@ def validation_response(exc: ValidationError) -> JSONResponse:
 async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDep) -> Any:
     """Store and analyze a batch of signals. Repeated ids are accepted and ignored."""
     body = await read_body(request, settings.max_batch_bytes)
-    try:
-        batch = SignalBatch.model_validate_json(body)
-    except ValidationError as exc:
-        kmend.metrics.rejected.inc()
-        return validation_response(exc)
+    decoded = decode_fast(body)
+    if decoded is None:  # pydantic accepts what msgspec is stricter about, or names the bad field
+        try:
+            batch = SignalBatch.model_validate_json(body)
+        except ValidationError as exc:
+            kmend.metrics.rejected.inc()
+            return validation_response(exc)
+        decoded = [to_record(s) for s in batch.signals]
     # Store and analysis block (database, lock): off the event loop, so /healthz and other requests go on.
-    signals = server_timed([to_record(s) for s in batch.signals], kmend, settings)
+    signals = server_timed(decoded, kmend, settings)
     outcome = await run_in_threadpool(kmend.ingest, signals)
     return {
         "accepted": outcome.accepted,

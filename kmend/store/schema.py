@@ -26,6 +26,7 @@ signals = Table(
     Column("ts", Float, nullable=False),
     Column("body", JSON, nullable=False),
     Index("ix_signals_node_ts", "node", "ts"),
+    Index("ix_signals_ts", "ts"),
 )
 
 incidents = Table(
@@ -39,6 +40,7 @@ incidents = Table(
     Column("updated_at", Float, nullable=False),
     Column("body", JSON, nullable=False),
     Index("ix_incidents_state", "state"),
+    Index("ix_incidents_state_updated", "state", "updated_at"),
 )
 
 findings = Table(
@@ -69,6 +71,7 @@ plans = Table(
     Column("started_at", Float),
     Index("ix_plans_incident", "incident_id"),
     Index("ix_plans_node", "node"),
+    Index("ix_plans_state_updated", "state", "updated_at"),
 )
 
 steps = Table(
@@ -130,3 +133,11 @@ leases_seen = Table(
     Column("transitions", Integer, nullable=False),
     Column("observed_at", Float, nullable=False),
 )
+
+metric_series = Table(
+    "metric_series", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("body", JSON, nullable=False),
+)
+"""The last sample of each series a metric rule watches (id: sha256 of its key), written with the batch."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -14,10 +16,11 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
+from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
-from collector.signal import Signal
+from collector.signal import LogLine, Signal
 from collector.wire import to_wire
-from healer.records import ActionStep, Plan, StepState
+from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, StepState
 from kmend.serialize import (
     finding_from_dict,
     finding_to_dict,
@@ -28,6 +31,7 @@ from kmend.serialize import (
 )
 from kmend.store import schema
 from kmend.store.ledger import Ledger
+from kmend.store.retention import Retention, prune
 
 Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
 """Signals → (new findings, changed incidents, merges as (merged incident id, surviving id))."""
@@ -38,7 +42,7 @@ class IngestOutcome:
     """What one ingested batch did."""
 
     accepted: int
-    """Signals stored for the first time."""
+    """Signals taken for the first time (log lines stored; metric and progress samples analysed, not stored)."""
     duplicates: int
     """Signals already seen (ignored)."""
     findings: tuple[Finding, ...]
@@ -122,20 +126,28 @@ class Store:
 
     # -- ingest ---------------------------------------------------------------------
 
-    def ingest(self, signals: Sequence[Signal], analyze: Analyze) -> IngestOutcome:
-        """Store new signals, analyze them and store the results — all in one transaction.
+    def ingest(self, signals: Sequence[Signal], analyze: Analyze,
+               series: Callable[[], Sequence[SeriesState]] | None = None) -> IngestOutcome:
+        """Store new log lines, analyze the batch and store the results — all in one transaction.
 
-        Signals and the findings they produced commit together, so a crash can
-        neither lose a signal's analysis nor analyze a signal twice.
+        Lines and the findings they produced commit together, so a crash can neither lose
+        a line's analysis nor analyze a line twice. ``series`` gives the metric series states
+        the analysis changed (the last value of each watched series); they commit with it.
         """
         unique: dict[str, Signal] = {}
         for s in signals:
             unique.setdefault(s.id, s)
+        # Log lines are rows: they are the evidence behind findings, and their ids make a redelivery
+        # harmless. Metric and progress samples are not: the analyzer keeps the latest values and the
+        # windows its detectors need in memory, and the agents' next samples rebuild them after a restart.
+        lines = [s for s in unique.values() if type(s.payload) is LogLine]
         with self.engine.begin() as conn:
-            new_ids = self._insert_new(conn, list(unique.values()))
-            fresh = [s for s in unique.values() if s.id in new_ids]
+            new_ids = self._insert_new(conn, lines)
+            fresh = [s for s in unique.values() if s.id in new_ids or type(s.payload) is not LogLine]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             self._write_results(conn, found, changed, merges)
+            if fresh and series is not None:
+                self._upsert_series(conn, series())
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
     def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
@@ -166,6 +178,25 @@ class Store:
             res = conn.execute(stmt.returning(schema.signals.c.id), rows[i:i + 2000])
             new.update(r[0] for r in res)
         return new
+
+    def _upsert_series(self, conn: Connection, states: Sequence[SeriesState]) -> None:
+        if not states:
+            return
+        rows = [{"id": hashlib.sha256(json.dumps(st.key).encode()).hexdigest(), "ts": st.ts,
+                 "body": {"key": list(st.key), "value": st.value, "ts": st.ts, "streak": dict(st.streak)}}
+                for st in states]
+        stmt = self._insert(schema.metric_series)
+        stmt = stmt.on_conflict_do_update(index_elements=["id"], set_={"ts": stmt.excluded.ts,
+                                                                       "body": stmt.excluded.body})
+        for i in range(0, len(rows), 2000):
+            conn.execute(stmt, rows[i:i + 2000])
+
+    def metric_series(self) -> list[SeriesState]:
+        """The stored last sample of every watched metric series."""
+        with self.engine.connect() as conn:
+            return [SeriesState(tuple(b["key"]), float(b["value"]), float(b["ts"]),
+                                {str(k): int(v) for k, v in b["streak"].items()})
+                    for (b,) in conn.execute(select(schema.metric_series.c.body))]
 
     def _write_results(self, conn: Connection, found: Sequence[Finding], changed: Iterable[Incident],
                        merges: Iterable[tuple[str, str]]) -> None:
@@ -342,6 +373,17 @@ class Store:
         q = select(schema.plans.c.state, func.count()).group_by(schema.plans.c.state)
         with self.engine.connect() as conn:
             return {str(state): int(n) for state, n in conn.execute(q)}
+
+    def incidents_with_unfinished_plans(self) -> set[str]:
+        """Ids of incidents with a plan not yet finished (running, pending, waiting for approval, blocked)."""
+        final = [s.value for s in FINAL_PLAN_STATES]
+        q = select(schema.plans.c.incident_id).where(schema.plans.c.state.not_in(final)).distinct()
+        with self.engine.connect() as conn:
+            return {r[0] for r in conn.execute(q) if r[0]}
+
+    def prune(self, keep: Retention) -> dict[str, int]:
+        """Delete rows past their retention (small transactions); returns rows deleted per table."""
+        return prune(self.engine, keep, self.clock())
 
     def plan_ids(self) -> set[str]:
         """Ids of all stored plans."""

@@ -1,0 +1,86 @@
+"""Retention: how long each table keeps its rows, and the pruning that enforces it in small transactions.
+
+Every table is bounded. Log lines, finished incidents with their findings, finished plans with their
+steps, the audit log and answered node requests age out after their own time (0 keeps them for
+ever); the breaker and the leases seen hold one row per name. Times written by senders (log lines,
+incidents) are aged against the newest such time in the table, so a store replayed from an old
+trace is not emptied by today's clock; times the service wrote are aged against its clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Column, ColumnElement, Engine, Table, delete, func, select
+
+from healer.records import FINAL_PLAN_STATES
+from kmend.store import schema
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Seconds each kind of row is kept (0: for ever)."""
+
+    signals_s: float = 7 * DAY
+    """Stored log lines (evidence and redelivery ids), by their time."""
+    incidents_s: float = 90 * DAY
+    """Resolved and suppressed incidents with their findings, by their last finding's time."""
+    plans_s: float = 90 * DAY
+    """Finished plans with their steps, by their last update (longer than the lemon-node window)."""
+    audit_s: float = 365 * DAY
+    """Audit log entries."""
+    requests_s: float = 30 * DAY
+    """Answered node requests (GPU resets, stack dumps)."""
+
+
+def _newest(engine: Engine, ts: Column[float]) -> float | None:
+    with engine.connect() as conn:
+        got = conn.execute(select(func.max(ts))).scalar_one()
+    return None if got is None else float(got)
+
+
+def _drop_before(engine: Engine, table: Table, ts: Column[float], cut: float, chunk: int,
+                 where: ColumnElement[bool] | None = None, child: Column[str] | None = None) -> tuple[int, int]:
+    """Delete `table`'s rows with `ts` < `cut` (and `where`), `chunk` at a time, rows of `child` pointing at them
+    first; returns (rows, child rows) deleted."""
+    rows = children = 0
+    key = table.c.id
+    while True:
+        q = select(key).where(ts < cut).limit(chunk)
+        if where is not None:
+            q = q.where(where)
+        with engine.begin() as conn:
+            ids = [r[0] for r in conn.execute(q)]
+            if not ids:
+                break
+            if child is not None:
+                children += conn.execute(delete(child.table).where(child.in_(ids))).rowcount
+            rows += conn.execute(delete(table).where(key.in_(ids))).rowcount
+        if len(ids) < chunk:
+            break
+    return rows, children
+
+
+def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 5000) -> dict[str, int]:
+    """Delete what is past its retention, `chunk` rows per transaction; returns rows deleted per table."""
+    out: dict[str, int] = {}
+    sig, inc, fnd, plans, steps = schema.signals, schema.incidents, schema.findings, schema.plans, schema.steps
+    if keep.signals_s > 0 and (newest := _newest(engine, sig.c.ts)) is not None:
+        out["signals"], _ = _drop_before(engine, sig, sig.c.ts, newest - keep.signals_s, chunk)
+    if keep.incidents_s > 0 and (newest := _newest(engine, inc.c.updated_at)) is not None:
+        out["incidents"], out["findings"] = _drop_before(
+            engine, inc, inc.c.updated_at, newest - keep.incidents_s, chunk,
+            inc.c.state.in_(("resolved", "suppressed")), child=fnd.c.incident_id)
+    if keep.plans_s > 0:
+        out["plans"], out["plan_steps"] = _drop_before(
+            engine, plans, plans.c.updated_at, now - keep.plans_s, chunk,
+            plans.c.state.in_([s.value for s in FINAL_PLAN_STATES]), child=steps.c.plan_id)
+    if keep.audit_s > 0:
+        out["audit_log"], _ = _drop_before(engine, schema.audit_log, schema.audit_log.c.ts, now - keep.audit_s, chunk)
+    if keep.requests_s > 0:
+        req = schema.node_requests
+        out["node_requests"], _ = _drop_before(engine, req, req.c.updated_at, now - keep.requests_s, chunk,
+                                               req.c.state != "pending")
+    return {k: v for k, v in out.items() if v}
