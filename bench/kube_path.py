@@ -1,17 +1,24 @@
 """The healing path through a Kubernetes API server, as `kmend serve --cluster kube` runs it.
 
 Server: the loopback API server of the tests (tests/fake_apiserver.py) with the shipped
-ClusterRole enforced; the official client; `kmend serve` as a child process with its real
-settings (policy from the shipped file, breaker and rate limits as shipped). Prints one JSON
-object per measurement:
+ClusterRole enforced (keep-alive, as a real server; ``--tls`` puts it behind TLS with a throwaway
+certificate); the official client; `kmend serve` as a child process with its shipped settings
+(policy, breaker, rate limits, healer and scheduler intervals). Times come from the server's own
+clock when it takes the write, not from a poll. Prints one JSON object per measurement:
 
-- signal → cordon: an Xid 79 for one node POSTed to /v1/signals, until the API server holds
-  `spec.unschedulable` for it; p50/p99 over N faults on N distinct nodes, one at a time.
+- signal → cordon: an Xid 79 for one node POSTed to /v1/signals (one keep-alive client, as an
+  agent), until the server takes the cordon PATCH; p50/p99 over N faults on N distinct nodes, one
+  at a time; with the time to the ingest answer and, as the floor in the same run, a plain client's
+  cordon PATCH on the same server.
 - leaf quarantine: Xid 79 on every node of a 32-node leaf in one batch; seconds until every
   node the breaker lets through is cordoned, and how many it held back.
-- binds: a 64-pod gang pending before kmend starts; pods/s from its first bind to its last, the delay
-  from readiness to the first bind, and, as the floor in the same run, a plain client loop binding the same
-  number of pods one by one on the same server.
+- binds: gang A (a PodGroup with minMember = N) pending before kmend starts: its first bind after
+  start and after ready; gang B arriving while kmend runs: delay to its first bind, pods/s from its
+  first bind to its last, kmend's CPU per pod; as the floor in the same run, a plain client binding
+  the same number of pods one by one, and from 8 threads, on the same server.
+
+``--serve-from DIR`` runs `kmend serve` from another source tree (an older checkout) against the
+same server, to compare in one session; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
 
 These are figures against the loopback fake, not a real kube-apiserver: its per-request cost is
 lower, so they bound kmend's own overhead rather than predict a production cluster.
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import statistics
 import subprocess
 import sys
@@ -47,6 +55,8 @@ from tests.procs import wait_ready  # noqa: E402
 
 NODE = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8", "pods": "110"}
 TOKEN = "sa-token"
+OPTIONS: dict[str, Any] = {"tls": False, "serve_from": ""}
+"""--tls and --serve-from, as parsed."""
 PROFILE = os.environ.get("KMEND_BENCH_PROFILE", "")
 """A folder: when set, `kmend serve` runs under py-spy and each measurement leaves its samples there."""
 
@@ -63,18 +73,52 @@ def _cluster(api: FakeApiServer, nodes: int) -> None:
         api.nodes[name]["status"]["allocatable"] = dict(NODE)
 
 
+def _describe() -> str:
+    what = "loopback fake, RBAC enforced" + (", TLS" if OPTIONS["tls"] else "")
+    return what + (f"; kmend from {OPTIONS['serve_from']}" if OPTIONS["serve_from"] else "")
+
+
+def _server(rbac: RoleRules, tmp: Path) -> FakeApiServer:
+    """The loopback API server, behind TLS with a throwaway certificate when --tls asks for it (a real server is)."""
+    api = FakeApiServer(rbac=rbac)
+    if OPTIONS["tls"]:
+        cert, key = tmp / "tls.crt", tmp / "tls.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        # Handshakes in each connection's own thread, not in the one that accepts.
+        api.httpd.socket = ctx.wrap_socket(api.httpd.socket, server_side=True, do_handshake_on_connect=False)
+        api.url = api.url.replace("http://", "https://")
+        api.ca = str(cert)  # type: ignore[attr-defined]
+    return api
+
+
+def _client(api: FakeApiServer) -> client.CoreV1Api:
+    cfg = client.Configuration(host=api.url)
+    cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
+    cfg.ssl_ca_cert = getattr(api, "ca", None)
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
 def _serve(api: FakeApiServer, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     kubeconfig = tmp / "kubeconfig"
+    cluster: dict[str, str] = {"server": api.url}
+    if hasattr(api, "ca"):
+        cluster["certificate-authority"] = api.ca
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "f",
-        "clusters": [{"name": "f", "cluster": {"server": api.url}}],
+        "clusters": [{"name": "f", "cluster": cluster}],
         "users": [{"name": "k", "user": {"token": TOKEN}}],
         "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
     port = free_port()
     env = {**os.environ, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig), "KMEND_PORT": str(port),
            "KMEND_DATABASE_URL": f"sqlite:///{tmp / 'k.db'}", "KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
-           "KMEND_HEALER_INTERVAL_S": "0.05", "KMEND_SCHEDULER_INTERVAL_S": "0.05", "KMEND_SYMPTOM_SETTLE_S": "0",
+           "KMEND_SYMPTOM_SETTLE_S": "0",
            "KMEND_EVENT_NAMESPACE": "kmend-system"}
+    tree = OPTIONS["serve_from"] or str(REPO)
+    env["PYTHONPATH"] = tree
     log = tmp / "serve.log"
     cmd = [sys.executable, "-m", "kmend.cli", "serve"]
     if PROFILE:
@@ -83,7 +127,7 @@ def _serve(api: FakeApiServer, tmp: Path) -> tuple[subprocess.Popen[bytes], str]
         cmd = ["py-spy", "record", "--idle", "--threads", "--format", "speedscope", "--rate", "500", "-o", str(out),
                "--", *cmd]
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=tree)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, proc, log=log)
     return proc, url
@@ -106,14 +150,12 @@ def _wait(pred: Any, timeout: float = 60.0) -> float:
 def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
     rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
                                    user="system:serviceaccount:kmend-system:kmend")
-    with FakeApiServer(rbac=rbac) as api:
+    with _server(rbac, tmp) as api:
         # Enough nodes that the breaker (10 % of GPU nodes) never stops one fault at a time.
         _cluster(api, faults * 12)
         cordoned = _cordon_clock(api)
         # The floor: the cordon alone, a plain client's PATCH on the same server, as the server sees it land.
-        cfg = client.Configuration(host=api.url)
-        cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
-        core = client.CoreV1Api(client.ApiClient(cfg))
+        core = _client(api)
         floor = []
         for i in range(faults):
             node = f"gpu-{i * 11 + 1:04d}"
@@ -133,7 +175,7 @@ def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
                     lat.append((cordoned[node] - t0) * 1000)
         finally:
             _stop(proc)
-    return {"bench": "signal_to_cordon", "faults": faults, "server": "loopback fake, RBAC enforced",
+    return {"bench": "signal_to_cordon", "faults": faults, "server": _describe(),
             **_percentiles("", lat), **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}
 
 
@@ -162,7 +204,7 @@ def _cordon_clock(api: FakeApiServer) -> dict[str, float]:
 def leaf_quarantine(tmp: Path, nodes: int = 512) -> dict[str, Any]:
     rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
                                    user="system:serviceaccount:kmend-system:kmend")
-    with FakeApiServer(rbac=rbac) as api:
+    with _server(rbac, tmp) as api:
         _cluster(api, nodes)
         proc, url = _serve(api, tmp)
         leaf = [f"gpu-{i:04d}" for i in range(32)]
@@ -188,15 +230,14 @@ def leaf_quarantine(tmp: Path, nodes: int = 512) -> dict[str, Any]:
 def binds(pods: int, tmp: Path) -> dict[str, Any]:
     rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
                                    user="system:serviceaccount:kmend-system:kmend")
-    out: dict[str, Any] = {"bench": "gang_binds", "pods": pods, "server": "loopback fake, RBAC enforced"}
-    with FakeApiServer(rbac=rbac) as api:
+    out: dict[str, Any] = {"bench": "gang_binds", "pods": pods, "server": _describe()}
+    with _server(rbac, tmp) as api:
         _cluster(api, 2 * pods)
+        api.install_crd("scheduling.x-k8s.io", "v1alpha1")
         bound = _bind_clock(api)
         # The floor: the same number of binds from a plain client, one call after another, then from 8
         # threads (kmend's bind workers); each rate is first to last bind as the server saw them.
-        cfg = client.Configuration(host=api.url)
-        cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
-        core = client.CoreV1Api(client.ApiClient(cfg))
+        core = _client(api)
 
         def bind(ns: str, i: int) -> None:
             resp = core.create_namespaced_pod_binding(f"p-{i}", ns, client.V1Binding(
@@ -244,6 +285,8 @@ def binds(pods: int, tmp: Path) -> dict[str, Any]:
 
 
 def _gang(api: FakeApiServer, namespace: str, pods: int, first: int) -> None:
+    # A PodGroup with minMember as a training job's has: the gang is placed once, whole, when its last pod exists.
+    api.add_custom("scheduling.x-k8s.io", "v1alpha1", namespace, "g", {"minMember": pods})
     for i in range(first, first + pods):
         api.add_pod(namespace, f"g-{i}", scheduler="kmend", requests={"nvidia.com/gpu": "8"},
                     labels={"scheduling.x-k8s.io/pod-group": "g"})
@@ -290,7 +333,11 @@ def main() -> None:
     p.add_argument("--pods", type=int, default=64)
     p.add_argument("--only", choices=("cordon", "leaf", "binds"), action="append",
                    help="run only these measurements (repeatable); all three by default")
+    p.add_argument("--tls", action="store_true", help="serve the API over TLS, as a real server does")
+    p.add_argument("--serve-from", default="", metavar="DIR",
+                   help="run `kmend serve` from this source tree (an older checkout, to compare in one run)")
     args = p.parse_args()
+    OPTIONS.update(tls=args.tls, serve_from=args.serve_from)
     runs = {"cordon": lambda t: cordon_latency(args.faults, t), "leaf": leaf_quarantine,
             "binds": lambda t: binds(args.pods, t)}
     with tempfile.TemporaryDirectory() as d:

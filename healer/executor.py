@@ -9,6 +9,7 @@ call, that nobody uncordoned the node by hand.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
@@ -91,9 +92,13 @@ class PlanExecutor:
         self.sleep = sleep
         self.on_step = on_step
         self.on_plan = on_plan
+        self._admission = threading.Lock()
 
     def execute(self, plan: Plan, *, stop_before: Collection[StepKind] = ()) -> Plan:
         """Run every unfinished step in order; stops at a waiting, failed or blocked step.
+
+        Safe to call for different plans from several threads: the brakes are checked, and an allowed step
+        journaled as running, one plan at a time.
 
         With ``stop_before``, it also stops (the plan still running) at the first unfinished step of one
         of those kinds: the healer quarantines every node of a batch before draining any of them.
@@ -123,8 +128,15 @@ class PlanExecutor:
             if not asked and (why := self._taken_back(plan, step)) is not None:
                 return self._finish(plan, PlanState.CANCELLED, Announcement.PLAN_FAILED, why)
             asked = True
+            admitted = False
             if self.guard is not None:
-                verdict = self.guard.check(plan, step)
+                with self._admission:
+                    verdict = self.guard.check(plan, step)
+                    if verdict.kind is VerdictKind.ALLOW:
+                        # Journaled as running before the next plan's check: plans run in parallel each count
+                        # the others' cordons, so together they never pass the breaker.
+                        self.journal.save_step(plan.id, replace(step, state=StepState.RUNNING))
+                        admitted = True
                 if verdict.kind is VerdictKind.BLOCK:
                     blocked = replace(plan, state=PlanState.BLOCKED,
                                       reason=f"{plan.reason} | blocked: {verdict.reason}")
@@ -141,9 +153,10 @@ class PlanExecutor:
                         steps[i] = step
                     return replace(plan, steps=tuple(steps))
             finished = step
-            for _ in range(50):  # a waiting step that made progress runs again at once
+            for attempt in range(50):  # a waiting step that made progress runs again at once
                 before = finished
-                self.journal.save_step(plan.id, replace(finished, state=StepState.RUNNING))
+                if not (admitted and attempt == 0):
+                    self.journal.save_step(plan.id, replace(finished, state=StepState.RUNNING))
                 finished = self._run(replace(finished, state=StepState.RUNNING), plan)
                 self.journal.save_step(plan.id, finished)
                 steps[i] = finished

@@ -94,6 +94,8 @@ class Verdict:
 
 
 ALLOW = Verdict(VerdictKind.ALLOW)
+ADMITTED_S = 60.0
+"""How long a cordon this guard allowed counts as a node out, labelled or not yet."""
 
 
 def gpu_nodes(nodes: Sequence[NodeInfo]) -> int:
@@ -135,13 +137,19 @@ class Guard:
         self.quarantined = quarantined
         self.census_s = census_s
         self._census: tuple[float, int] | None = None
+        self._admitted: dict[str, float] = {}
 
     def _fleet(self, now: float) -> tuple[int, set[str]]:
-        """GPU nodes in the fleet, and the nodes kmend has out now."""
+        """GPU nodes in the fleet, and the nodes kmend has out now.
+
+        Out includes the nodes whose cordon this guard allowed in the last minute: a plan running beside this
+        one may have cordoned its node without labelling it yet (the label follows within seconds).
+        """
+        self._admitted = {n: t for n, t in self._admitted.items() if now - t < ADMITTED_S}
         if self.quarantined is None:
             nodes = self.nodes()
-            return gpu_nodes(nodes), out_by_kmend(nodes)
-        out = out_by_kmend(self.quarantined())
+            return gpu_nodes(nodes), out_by_kmend(nodes) | set(self._admitted)
+        out = out_by_kmend(self.quarantined()) | set(self._admitted)
         if self._census is None or now - self._census[0] >= self.census_s:
             self._census = (now, gpu_nodes(self.nodes()))
         return self._census[1], out
@@ -177,6 +185,8 @@ class Guard:
                           f"within {s.breaker_window_s:.0f} s (more than {s.breaker_max_fraction:.0%})")
                 self.ledger.trip_breaker(now, reason)
                 return Verdict(VerdictKind.BLOCK, f"circuit breaker tripped: {reason}", tripped=True)
+            if step.node:
+                self._admitted[step.node] = now
         if step.kind is StepKind.RESTART_JOB and "old_uids" not in step.outputs and plan.job:
             last = self.ledger.restarts_of(plan.job, exclude_plan=plan.id)
             if last and now - last[-1] < s.job_restart_window_s:

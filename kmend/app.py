@@ -59,6 +59,8 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True,
         finally:
             stop.set()
             kmend.wake()
+            if kmend.scheduler is not None:
+                kmend.scheduler.wake()
             for w in workers:
                 w.join(timeout=10)
             if kmend.scheduler is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -49,6 +50,8 @@ QUARANTINE = frozenset({StepKind.EVIDENCE, StepKind.CORDON, StepKind.TAINT, Step
 """The steps that take a node out of service (and keep the evidence first)."""
 AFTER_QUARANTINE = frozenset(StepKind) - QUARANTINE
 """Everything a plan does once its node is out: drain, spare swap, restore, restart, repair, notify."""
+SLOW_WAITS = frozenset({StepKind.REPAIR, StepKind.VALIDATE})
+"""Steps that wait minutes to hours on work outside kmend (a repair, a health check): asked less often."""
 
 
 class Leader(Protocol):
@@ -72,7 +75,7 @@ class Healing:
 
     def __init__(self, store: Store, ctx: StepContext, policy: PolicyFile, config: PolicyConfig, leader: Leader,
                  metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None,
-                 resume_s: float = 1.0, resume_max_s: float = 30.0) -> None:
+                 resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8) -> None:
         self.store = store
         self.ctx = ctx
         self.policy = policy
@@ -84,6 +87,8 @@ class Healing:
         """How soon a plan whose step waits is asked again (an answered request asks at once)."""
         self.resume_max_s = resume_max_s
         """The longest wait between two asks of a plan that makes no progress."""
+        self.parallel = parallel
+        """New plans that quarantine their nodes at the same time (the breaker still decides one at a time)."""
         self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock,
                            quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
@@ -110,9 +115,9 @@ class Healing:
         New incidents come first: quarantining a failing node is the hot path, and plans already under
         way are waiting on something outside (pods terminating, a repair) that a second's delay does not
         change. Every new plan of the round quarantines its node before any of them drains one. A plan
-        whose step waits is asked again after ``resume_s``, twice as long each time nothing changed (up to
-        ``resume_max_s``), and at once when a request is answered. Once ``interrupted()`` says new work has
-        come, the round stops resuming plans so that the caller can start the next one.
+        whose step waits is asked again after ``resume_s`` (a repair or health check: twice as long each time
+        nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
+        says new work has come, the round stops resuming plans so that the caller can start the next one.
         """
         with self.lock:
             if not self.leader.tick():
@@ -182,25 +187,48 @@ class Healing:
                 plan = replace(plan, state=PlanState.AWAITING_APPROVAL)
                 self.store.save_plan(plan)
                 self._announce(Announcement.NEEDS_APPROVAL, plan)
-            elif plan.mode is Mode.AUTO:
-                # Cordon, taint, label, condition, Event: the node is out before anything slower runs, the
-                # announcement too (a webhook that answers slowly must not hold the cordon back).
-                plan = self.executor.execute(plan, stop_before=AFTER_QUARANTINE)
-                self._announce(Announcement.PLAN_CREATED, plan)
-            else:
+            elif plan.mode is not Mode.AUTO:
                 self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
+        made = self._quarantine(made)
         if interrupted():
             return [self._settle(p, set_state) for p in made]
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
                 else self._settle(p, set_state) for p in made]
 
+    def _quarantine(self, plans: list[Plan]) -> list[Plan]:
+        """Cordon, taint, label, condition, Event for every automatic plan, up to ``parallel`` plans at a time.
+
+        The executor checks the brakes one plan at a time, so the plans of a leaf go out together and still
+        stop at the breaker. The announcement follows: a webhook that answers slowly must not hold a cordon back.
+        """
+        auto = [i for i, p in enumerate(plans) if p.mode is Mode.AUTO]
+
+        def head(plan: Plan) -> Plan:
+            done = self.executor.execute(plan, stop_before=AFTER_QUARANTINE)
+            self._announce(Announcement.PLAN_CREATED, done)
+            return done
+
+        if len(auto) > 1 and self.parallel > 1:
+            with ThreadPoolExecutor(max_workers=min(self.parallel, len(auto)), thread_name_prefix="kmend-quarantine") \
+                    as pool:
+                heads = list(pool.map(head, [plans[i] for i in auto]))
+        else:
+            heads = [head(plans[i]) for i in auto]
+        out = list(plans)
+        for i, done in zip(auto, heads, strict=True):
+            out[i] = done
+        return out
+
     def _resume(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None], now: float) -> Plan:
         done = self._run(plan, set_state)
         if done.state is PlanState.RUNNING:
-            # Backing off while nothing changes keeps a hundred plans waiting on repairs from filling every round.
+            # Backing off while a repair or health check takes its time keeps a hundred plans waiting on repairs
+            # from filling every round; a drain, spare swap or restart is the job's downtime and is asked every
+            # resume_s.
             last = self._due.get(done.id)
-            same = last is not None and done.steps == plan.steps
+            waiting = next((s.kind for s in done.steps if s.state is StepState.WAITING), None)
+            same = last is not None and done.steps == plan.steps and waiting in SLOW_WAITS
             wait = min(last[1] * 2, self.resume_max_s) if last is not None and same else self.resume_s
             self._due[done.id] = (now + wait, wait)
         else:

@@ -356,16 +356,18 @@ class Kmend:
             # and tells this one to leave older plans for later.
             self._wake.clear()
             try:
+                self.heal_once(interrupted=self._wake.is_set)
+                self.metrics.healer_round.set_to_current_time()
+            except Exception:
+                log.exception("healer round failed")
+            # After the round, not before it: a due evaluation of every job's detectors must not sit between an
+            # ingested Xid and its cordon. What it finds wakes the next round at once.
+            try:
                 if self.clock() >= self._next_evaluation:
                     self._next_evaluation = self.clock() + self.healer.detector_interval_s
                     self.evaluate()
             except Exception:
                 log.exception("detector evaluation failed")
-            try:
-                self.heal_once(interrupted=self._wake.is_set)
-                self.metrics.healer_round.set_to_current_time()
-            except Exception:
-                log.exception("healer round failed")
             if self.clock() >= self._next_retention:
                 self._next_retention = self.clock() + self.healer.retention_interval_s
                 try:

@@ -20,7 +20,7 @@ from healer.gang.metrics import SchedulerMetrics
 from healer.gang.port import PodScheduling
 from healer.gang.scheduler import GangScheduler
 from healer.identity import TokenReviewer
-from healer.lease import AlwaysLeader, LeaderElector, Leases
+from healer.lease import AlwaysLeader, LeaderElector, LeaseRecord, Leases
 from healer.notify import AlertmanagerNotifier, FanOut, LogNotifier, Notifier, WebhookNotifier
 from healer.policy import PolicyConfig
 from healer.policy_file import load_policy
@@ -121,7 +121,12 @@ def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics
 
         if not isinstance(cluster, KubeCluster):
             raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")
-        port = KubePodScheduling(cluster.api, clock=time.time)
+        kube = KubePodScheduling(cluster.api, clock=time.time)
+        scheduler = GangScheduler(port=kube, is_leader=leader.is_leader, clock=time.time,
+                                  config=SchedulerConfig(scheduler_name=settings.scheduler_name),
+                                  metrics=SchedulerMetrics(metrics.registry))
+        kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
+        return scheduler
     return GangScheduler(port=port, is_leader=leader.is_leader, clock=time.time,
                          config=SchedulerConfig(scheduler_name=settings.scheduler_name),
                          metrics=SchedulerMetrics(metrics.registry))
@@ -176,7 +181,14 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     )
     elector = kmend.healing.leader
     if isinstance(elector, LeaderElector):
-        elector.on_change = lambda lease: store.ledger.lease_seen(lease, settings.lease_name)
+        scheduler = kmend.scheduler
+
+        def lease_changed(lease: LeaseRecord | None) -> None:
+            store.ledger.lease_seen(lease, settings.lease_name)
+            if lease is not None and scheduler is not None:
+                scheduler.wake()  # leading now: gangs that wait are placed at once, not at the next tick
+
+        elector.on_change = lease_changed
     return kmend
 
 

@@ -5,23 +5,35 @@ not on every round."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from analyzer.pipeline import Analyzer
+from analyzer.records import Incident
 from analyzer.rules import Rule
 from healer.lease import LeaderElector, LeaseRecord
 from healer.records import PlanState, StepKind, StepState
 from sim.cluster import SimCluster
 from tests.builders import XID79, kernel
-from tests.healing import Clock, Harness, incident
+from tests.healing import Clock, Harness, fast_policy, incident
 
 T0 = 1_700_000_000.0
 
 
 def _no_state(*_: object) -> None:
     return None
+
+
+def _xids(rules: list[Rule], nodes: list[str]) -> list[Incident]:
+    """One Xid 79 incident per node, from one analyzer (building one per incident compiles the rules each time)."""
+    analyzer = Analyzer(rules)
+    analyzer.process([kernel(n, XID79, ts=T0 + i) for i, n in enumerate(nodes)])
+    incidents = analyzer.correlator.incidents()
+    assert sorted(i.root_cause.node for i in incidents) == sorted(nodes)
+    return incidents
 
 
 def _record(cluster: SimCluster, calls: list[tuple[str, str]], *names: str) -> None:
@@ -39,8 +51,9 @@ def _record(cluster: SimCluster, calls: list[tuple[str, str]], *names: str) -> N
 
 def _waiting_plans(h: Harness, rules: list[Rule], nodes: list[str]) -> None:
     heal = h.healing()
-    for i, node in enumerate(nodes):
-        touched = heal.heal_once([incident(rules, [kernel(node, XID79, ts=T0 + i)])], _no_state)
+    by_node = {i.root_cause.node: i for i in _xids(rules, nodes)}
+    for node in nodes:
+        touched = heal.heal_once([by_node[node]], _no_state)
         plan = next(p for p in touched if p.node == node)
         assert plan.state is PlanState.RUNNING
         assert next(s for s in plan.steps if s.state is StepState.WAITING).kind is StepKind.REPAIR
@@ -66,7 +79,7 @@ def test_every_node_of_a_batch_is_out_before_any_plan_drains_or_asks_for_a_repai
                                                                                   tmp_path: Path) -> None:
     h = Harness(tmp_path, nodes=100)
     nodes = [f"gpu-node-{i:02d}" for i in range(8)]
-    incidents = [incident(shipped_rules, [kernel(n, XID79, ts=T0 + i)]) for i, n in enumerate(nodes)]
+    incidents = _xids(shipped_rules, nodes)
     plans = h.healing().heal_once(incidents, _no_state)
     assert {p.node for p in plans} == set(nodes)
     ops = [a["op"] for a in h.world.actions]
@@ -173,8 +186,64 @@ def test_a_cordon_decision_reads_the_quarantined_nodes_not_the_whole_fleet(shipp
         return list_nodes(labels)
 
     h.cluster.list_nodes = counting  # type: ignore[method-assign]
-    incidents = [incident(shipped_rules, [kernel(f"gpu-node-{i:02d}", XID79, ts=T0 + i)]) for i in range(8)]
+    incidents = _xids(shipped_rules, [f"gpu-node-{i:02d}" for i in range(8)])
     h.healing().heal_once(incidents, _no_state)
     assert len(h.world.applied("cordon")) == 8
     # Eight breaker decisions read the labelled nodes; the fleet is counted once (and once more for acceptance).
     assert listed.count("selected") == 8 and listed.count("all") <= 2, listed
+
+
+def _slow_writes(cluster: SimCluster, seconds: float) -> None:
+    """Every node write takes ``seconds``, as a round trip to a distant API server does."""
+    for name in ("cordon", "add_taint", "patch_node_metadata", "set_condition", "emit_event"):
+        method: Callable[..., Any] = getattr(cluster, name)
+
+        def slow(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+            time.sleep(seconds)
+            return _method(*args, **kwargs)
+
+        setattr(cluster, name, slow)
+
+
+def test_a_batch_of_nodes_is_quarantined_in_parallel(shipped_rules: list[Rule], tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=100)
+    _slow_writes(h.cluster, 0.1)
+    cordoned: list[float] = []
+    cordon = h.cluster.cordon
+
+    def timed(node: str) -> None:
+        cordon(node)
+        cordoned.append(time.monotonic())
+
+    h.cluster.cordon = timed  # type: ignore[method-assign]
+    incidents = _xids(shipped_rules, [f"gpu-node-{i:02d}" for i in range(8)])
+    heal = h.healing()
+    start = time.monotonic()
+    heal.heal_once(incidents, _no_state)
+    assert len(cordoned) == 8
+    # One after another, the last cordon would come after seven quarantines of five 0.1 s writes each (3.5 s).
+    assert cordoned[-1] - start < 2.5, cordoned[-1] - start
+
+
+def test_plans_quarantining_in_parallel_still_stop_at_the_breaker(shipped_rules: list[Rule], tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=100)  # 10 % of 100 GPU nodes: the eleventh quarantine trips the breaker
+    _slow_writes(h.cluster, 0.02)
+    incidents = _xids(shipped_rules, [f"gpu-node-{i:02d}" for i in range(16)])
+    plans = h.healing().heal_once(incidents, _no_state)
+    assert len(h.world.applied("cordon")) == 10
+    assert sum(p.state is PlanState.BLOCKED for p in plans) == 6
+    assert h.store.ledger.breaker().tripped
+
+
+def test_a_plan_waiting_on_its_drain_is_asked_every_second_not_backed_off(shipped_rules: list[Rule],
+                                                                          tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=16, job_nodes=4, policy=fast_policy(drain_grace_s=30))
+    heal = h.healing()
+    node = h.workloads.list_pods(namespace="training")[0].node
+    [plan] = heal.heal_once(_xids(shipped_rules, [node]), _no_state)
+    assert next(s for s in plan.steps if s.state is StepState.WAITING).kind is StepKind.DRAIN
+    asked = 0
+    for _ in range(40):  # twenty seconds of rounds every half second: the job is down while its pods drain
+        h.clock.advance(0.5)
+        asked += any(p.id == plan.id for p in heal.heal_once([], _no_state))
+    assert asked >= 15, asked

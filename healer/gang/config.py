@@ -49,3 +49,5 @@ class SchedulerConfig:
     """Attempts per binding on a retryable error before the gang is released."""
     event_repeat_s: float = 60.0
     """Repeat an unchanged "cannot schedule" event at most this often."""
+    wake_settle_s: float = 0.01
+    """After the watch wakes the scheduler, wait this long for the rest of a burst of pods before the cycle."""

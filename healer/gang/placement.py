@@ -43,6 +43,9 @@ class Unfit:
     """Gang key."""
     reason: str
     """Reason with numbers."""
+    kind: str = ""
+    """The reason without its numbers, when they change as the cluster moves (pods arriving one by one):
+    reports repeat only when the kind changes. Empty: the reason itself is the kind."""
 
 
 class Placer:
@@ -61,7 +64,7 @@ class Placer:
         """Stage and commit the whole gang, or return why it does not fit (nothing staged)."""
         if gang.missing:
             have = len(gang.bound) + len(gang.pending)
-            return Unfit(gang.key, f"waiting for pods: {have} of {gang.min_member} exist")
+            return Unfit(gang.key, f"waiting for pods: {have} of {gang.min_member} exist", "waiting for pods")
         short = self._min_resources(gang)
         if short:
             return Unfit(gang.key, short)

@@ -96,28 +96,52 @@ class GangScheduler:
         self.cache = SchedulerCache(self.config)
         """Pods, nodes and PodGroups kept between cycles; each cycle reads the changes since the last."""
         self._told: dict[str, tuple[str, float]] = {}
+        self._wake = threading.Event()
+
+    def notice(self, pod: PodRecord) -> None:
+        """A pod changed (the port's watch saw it): a pod of ours waiting for a node starts a cycle now."""
+        if not pod.node_name and not pod.terminating and pod.scheduler_name == self.config.scheduler_name:
+            self._wake.set()
+
+    def wake(self) -> None:
+        """Start the next cycle now (new work, or shutting down)."""
+        self._wake.set()
 
     def run(self, stop: threading.Event, period_s: float = 1.0) -> None:
-        """Run cycles every ``period_s`` until ``stop`` is set; a failed cycle is logged and retried."""
+        """Run a cycle when woken (``notice``, ``wake``) or every ``period_s``, until ``stop`` is set.
+
+        A failed cycle is logged and retried. The period is the fallback for what no watch reports
+        (a port without one, resources freed by a pod that finished): a gang arriving through the
+        watch is placed at once, not at the next tick.
+        """
         while not stop.is_set():
+            woken = self._wake.is_set()
+            if woken:
+                # Pods of a gang arrive as a burst of watch events: one cycle for the burst, not one per pod.
+                stop.wait(self.config.wake_settle_s)
+            self._wake.clear()
             try:
-                self.run_once()
+                self.run_once(woken=woken)
             except ClusterError as exc:
                 log.warning("gang scheduling cycle failed: %s", exc)
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("gang scheduling cycle crashed")
-            stop.wait(period_s)
+            self._wake.wait(period_s)
 
-    def run_once(self) -> CycleReport:
-        """One cycle over a fresh view of the cluster, taken from the cache after reading what changed."""
+    def run_once(self, *, woken: bool = False) -> CycleReport:
+        """One cycle over a fresh view of the cluster, taken from the cache after reading what changed.
+
+        ``woken``: the port's watch reported a pending pod of ours, so the cycle reads the changes at once.
+        """
         start = time.perf_counter()
         if not self.is_leader():
             return CycleReport(leader=False)
         if self.cache.config != self.config:
             self.cache = SchedulerCache(self.config)
         # With nothing pending after the last cycle, a filtered list of pending pods is the cheap
-        # way to find out whether there is work; otherwise the change read itself tells.
-        idle = not self.cache.cursor or not self.cache.has_pending()
+        # way to find out whether there is work; otherwise the change read itself tells. The first
+        # cycle reads everything, which starts the port's watch (and with it the wake-ups).
+        idle = bool(self.cache.cursor) and not self.cache.has_pending() and not woken
         if idle and not self.port.list_pending(self.config.scheduler_name):
             return self._done(CycleReport(leader=True, seconds=time.perf_counter() - start), 0)
         now = self.clock()
@@ -185,8 +209,10 @@ class GangScheduler:
             self._told.pop(gang.key, None)
             message = (f"bound {len(placement.bindings)} pods on {len({b.node for b in placement.bindings})} "
                        f"nodes across {placement.leaves} leaves")
-            self._report(gang, PodGroupStatus(PodGroupPhase.SCHEDULED, len(gang.bound) + len(outcomes)),
-                         "Scheduled", message, "Normal")
+            # Reported by the bind workers while the next gangs are placed and bound: the Event and the PodGroup
+            # status are two writes per gang that no later gang needs to wait for (the cycle ends when they do).
+            scheduled = PodGroupStatus(PodGroupPhase.SCHEDULED, len(gang.bound) + len(outcomes))
+            pool.submit(self._report_quietly, gang, scheduled, "Scheduled", message, "Normal")
             return GangResult(gang.key, Outcome.BOUND, len(outcomes), placement=placement)
         failed = sum(1 for _, s in outcomes if s in ("failed", "uncertain"))
         if self.metrics is not None:
@@ -206,12 +232,15 @@ class GangScheduler:
                    f"released them: {unfit.reason}")
             self._report(gang, PodGroupStatus(PodGroupPhase.PENDING, 0, why), "GangTimeout", why, "Warning")
             return GangResult(gang.key, Outcome.TIMED_OUT, len(gang.bound), why)
+        # Told once per kind of reason (and again after event_repeat_s): a 256-pod gang whose pods arrive one by
+        # one would otherwise get an Event and two PodGroup writes per arrival.
+        kind = unfit.kind or unfit.reason
         last = self._told.get(gang.key)
-        if last is None or last[0] != unfit.reason or now - last[1] >= self.config.event_repeat_s:
-            self._told[gang.key] = (unfit.reason, now)
+        if last is None or last[0] != kind or now - last[1] >= self.config.event_repeat_s:
+            self._told[gang.key] = (kind, now)
             self._report(gang, PodGroupStatus(PodGroupPhase.PENDING, len(gang.bound), unfit.reason),
                          "FailedScheduling", unfit.reason, "Warning",
-                         write_status=last is None or last[0] != unfit.reason)
+                         write_status=last is None or last[0] != kind)
         return GangResult(gang.key, Outcome.UNSCHEDULABLE, 0, unfit.reason)
 
     def _release(self, pods: list[PodRecord]) -> None:
@@ -224,6 +253,13 @@ class GangScheduler:
             except ClusterError as exc:
                 # The gang stays partly bound; the timeout path releases it in a later cycle.
                 log.warning("releasing %s/%s: %s", pod.namespace, pod.name, exc)
+
+    def _report_quietly(self, gang: Gang, status: PodGroupStatus, reason: str, message: str, type: str) -> None:
+        """``_report`` on a worker thread, where nobody waits for its result: a bug is logged, not lost."""
+        try:
+            self._report(gang, status, reason, message, type)
+        except Exception:
+            log.exception("reporting on %s crashed", gang.key)
 
     def _report(self, gang: Gang, status: PodGroupStatus, reason: str, message: str, type: str,
                 *, write_status: bool = True) -> None:

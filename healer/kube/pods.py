@@ -182,6 +182,8 @@ class KubePodScheduling:
         self._watch_options: dict[str, Any] = {"read_timeout_s": watch_read_timeout_s,
                                                "watch_timeout_s": watch_timeout_s}
         self._informer: PodInformer | None = None
+        self.on_change: Callable[[PodRecord], None] | None = None
+        """Told of each pod the watch sees added or changed (the scheduler wakes on a pending pod of its own)."""
         self._cursor = ""
         self._reads = 0
 
@@ -249,7 +251,7 @@ class KubePodScheduling:
         """
         if self._informer is None:
             informer = PodInformer(self.core, pod_record, page_size=self.page_size, timeout_s=self.timeout_s,
-                                   **self._watch_options)
+                                   on_change=self._changed, **self._watch_options)
             try:
                 informer.start()
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
@@ -260,6 +262,10 @@ class KubePodScheduling:
         self._cursor = f"{id(self._informer):x}.{self._reads}"
         snap_nodes = tuple(node_record(o) for o in self._pages(self.core.list_node))
         return PodChanges(self._cursor, drained.full, drained.pods, drained.gone, snap_nodes, self._pod_groups())
+
+    def _changed(self, pod: PodRecord) -> None:
+        if self.on_change is not None:
+            self.on_change(pod)
 
     def close(self) -> None:
         """Stop the pod watch (a later ``changes`` lists and watches again)."""

@@ -59,9 +59,11 @@ class PodInformer:
 
     def __init__(self, core: client.CoreV1Api, record: Callable[[Json], PodRecord], *, page_size: int = 1000,
                  timeout_s: float = 30.0, watch_timeout_s: int = 300, read_timeout_s: float = 10.0,
-                 retry_s: float = 1.0) -> None:
+                 retry_s: float = 1.0, on_change: Callable[[PodRecord], None] | None = None) -> None:
         self.core = core
         self.record = record
+        self.on_change = on_change
+        """Called from the watch thread with each pod added or changed (not deleted), after it is recorded."""
         self.page_size = page_size
         self.timeout_s = timeout_s
         self.watch_timeout_s = watch_timeout_s
@@ -205,6 +207,8 @@ class PodInformer:
                 else:
                     self._store[key] = pod
                     self._log[key] = pod
+            if kind != "DELETED" and not pod.finished and self.on_change is not None:
+                self.on_change(pod)
         if version:
             self.resource_version = version
 
