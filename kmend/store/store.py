@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or
 from sqlalchemy.dialects import postgresql, sqlite
 
 from analyzer.records import Finding, Incident
-from collector.signal import LogLine, Signal
+from collector.signal import LogLine, Signal, Source
 from collector.wire import to_wire
 from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, StepState
 from kmend.serialize import (
@@ -50,6 +50,11 @@ class IngestOutcome:
     """The newly stored signals."""
 
 
+def _kept(s: Signal) -> bool:
+    """Whether a signal is stored as a row: log lines and alerts, not raw metric or progress samples."""
+    return type(s.payload) is LogLine or s.source is Source.ALERT
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -62,9 +67,11 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 class Store:
     """SQLAlchemy Core store; SQLite file by default, PostgreSQL by URL."""
 
-    def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time, lines: str = "all") -> None:
         self.url = url
         self.clock = clock
+        self.lines = lines
+        """Lines of numbered batches kept as rows: ``all``, or ``evidence`` (only those a finding names)."""
         self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True, **self._engine_args(url))
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -123,25 +130,49 @@ class Store:
 
     # -- ingest ---------------------------------------------------------------------
 
-    def ingest(self, signals: Sequence[Signal], analyze: Analyze) -> IngestOutcome:
+    def ingest(self, signals: Sequence[Signal], analyze: Analyze, origin: tuple[str, int] | None = None
+               ) -> IngestOutcome:
         """Store new log lines, analyze the batch and store the results — all in one transaction.
 
         Lines and the findings they produced commit together, so a crash can neither lose
         a line's analysis nor analyze a line twice.
+
+        A numbered batch (`origin`: producer, seq) is a replay when its number is at or below the
+        producer's last one: recognised by one lookup. Its lines are not stored one by one, only
+        those a finding names as evidence.
         """
         unique: dict[str, Signal] = {}
         for s in signals:
             unique.setdefault(s.id, s)
-        # Log lines are rows: they are the evidence behind findings, and their ids make a redelivery
-        # harmless. Metric and progress samples are not: the analyzer keeps the latest values and the
-        # windows its detectors need in memory, and the agents' next samples rebuild them after a restart.
-        lines = [s for s in unique.values() if type(s.payload) is LogLine]
+        if origin is not None:
+            return self._ingest_numbered(list(unique.values()), len(signals), analyze, origin)
+        # Log lines and alerts are rows: they are the evidence behind findings, and their ids make a
+        # redelivery harmless. Raw metric and progress samples are not: the analyzer keeps the latest values
+        # and the windows its detectors need in memory, and the agents' next samples rebuild them after a restart.
         with self.engine.begin() as conn:
-            new_ids = self._insert_new(conn, lines)
-            fresh = [s for s in unique.values() if s.id in new_ids or type(s.payload) is not LogLine]
+            new_ids = self._insert_new(conn, [s for s in unique.values() if _kept(s)])
+            fresh = [s for s in unique.values() if s.id in new_ids or not _kept(s)]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             self._write_results(conn, found, changed, merges)
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
+
+    def _ingest_numbered(self, fresh: list[Signal], sent: int, analyze: Analyze, origin: tuple[str, int]
+                         ) -> IngestOutcome:
+        producer, seq = origin
+        prod = schema.producers
+        with self.engine.begin() as conn:
+            last = conn.execute(select(prod.c.seq).where(prod.c.id == producer)).scalar()
+            if last is not None and seq <= last:
+                return IngestOutcome(0, sent, (), ())
+            found, changed, merges = analyze(fresh) if fresh else ([], [], [])
+            evidence = {e for f in found for e in f.evidence} if self.lines == "evidence" else None
+            self._insert_new(conn, [s for s in fresh if _kept(s) and (evidence is None or s.id in evidence)])
+            stmt = self._insert(prod).values(id=producer, seq=seq, updated_at=self.clock())
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=["id"], set_={"seq": stmt.excluded.seq, "updated_at": stmt.excluded.updated_at},
+                where=prod.c.seq < stmt.excluded.seq))
+            self._write_results(conn, found, changed, merges)
+        return IngestOutcome(len(fresh), sent - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
     def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
                ) -> IngestOutcome:
