@@ -115,7 +115,9 @@ class JobBook:
 
     def observe_progress(self, ev: ProgressEvent) -> None:
         """Fold one progress event in (idempotent for repeated or older steps)."""
-        job = self.jobs.setdefault(ev.job, JobState())
+        job = self.jobs.get(ev.job)
+        if job is None:  # not setdefault: a JobState (two deques) per event was a sixth of ingest time
+            job = self.jobs[ev.job] = JobState()
         if ev.kind is ProgressKind.END:
             job.ended_at = max(job.ended_at or ev.ts, ev.ts)
             return
