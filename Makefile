@@ -11,11 +11,11 @@ $(BIN)/python:
 	$(PIP) install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(PIP) install -q -e .
+	$(PIP) install -q -e '.[service]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[service,dev]'
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed

@@ -6,6 +6,7 @@ Pure functions over the fields a rule extracted from the matched line.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -102,11 +103,16 @@ class Decoder:
         intrinfo = _hex(fields.get(self.intrinfo_field))
         if intrinfo is None:
             return None
-        status = _hex(fields.get(self.status_field))
-        hits = [r for r in self.rows if r.applies(intrinfo, status)]
-        if not hits:
-            return None
-        return max(hits, key=lambda r: ACTION_RANK[r.action])
+        return _decode(self, intrinfo, _hex(fields.get(self.status_field)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode(decoder: Decoder, intrinfo: int, status: int | None) -> DecodeRow | None:
+    """Cached: a fleet prints the same few register values again and again."""
+    hits = [r for r in decoder.rows if r.applies(intrinfo, status)]
+    if not hits:
+        return None
+    return max(hits, key=lambda r: ACTION_RANK[r.action])
 
 
 def _hex(raw: str | None) -> int | None:

@@ -17,15 +17,15 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
-from analyzer.rules import LinearRegex, RegexMatch, Rule, compile_linear
+from analyzer.exact import hyperscan_exact, hyperscan_pattern
+from analyzer.rules import LinearRegex, Rule, compile_linear
 
 _NL = ord("\n")
 _BLOCK = 2048
@@ -53,8 +53,8 @@ class BufferMatch:
     """The line, decoded (invalid UTF-8 replaced)."""
     rule: Rule
     """The rule that matched."""
-    match: RegexMatch
-    """The rule's own regex match on that line."""
+    groups: Mapping[str, str]
+    """The rule's named groups that took part in the match (the fields it extracts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +65,57 @@ class LineMatch:
     """Index of the line in the batch."""
     rule: Rule
     """The rule that matched."""
-    match: RegexMatch
-    """The rule's own regex match on that line (named groups hold the fields)."""
+    groups: Mapping[str, str]
+    """The rule's named groups that took part in the match (the fields it extracts)."""
+
+
+_FIRST_TWO = operator.itemgetter(0, 1)
+
+
+class Confirmer:
+    """One rule's own regex run on a line a hyperscan hit points at: confirms it and extracts its fields.
+
+    An ASCII line is searched as the bytes the scan already holds, with the pattern compiled for
+    bytes: no encoding and no offset conversion per call, and ASCII bytes mean the same to RE2 as
+    the text. Any other line is searched as text. Both are RE2, linear in the line.
+    """
+
+    __slots__ = ("_bytes", "_names", "_text", "exact")
+
+    def __init__(self, rule: Rule) -> None:
+        import re2
+
+        opts = re2.Options()
+        opts.log_errors = False
+        self._text = rule.regex
+        self._bytes = re2.compile(rule.pattern.encode("utf-8"), options=opts)
+        self._names = tuple(sorted(rule.regex.groupindex.items(), key=operator.itemgetter(1)))
+        self.exact = not self._names and hyperscan_exact(rule.pattern)
+        """A hyperscan hit on an ASCII line is the rule's match there, with nothing to extract."""
+
+    def ascii(self, line: bytes, *, hit: bool = False) -> dict[str, str] | None:
+        """Named groups of the rule's match on an ASCII line, or None when it does not match.
+
+        ``hit``: hyperscan reported a match ending in this line, as it reads (nothing cut off it).
+        """
+        if hit and self.exact:
+            return {}
+        m = self._bytes.search(line)
+        if m is None:
+            return None
+        out: dict[str, str] = {}
+        for name, idx in self._names:
+            a, b = m.span(idx)
+            if a >= 0:
+                out[name] = line[a:b].decode("ascii")
+        return out
+
+    def text(self, line: str) -> dict[str, str] | None:
+        """Named groups of the rule's match on a line of text, or None when it does not match."""
+        m = self._text.search(line)
+        if m is None:
+            return None
+        return {k: v for k, v in m.groupdict().items() if v is not None}
 
 
 def available_backends() -> list[Backend]:
@@ -95,7 +144,7 @@ def _hyperscan_db(rules: Sequence[Rule]) -> tuple[Any, list[int]]:
     def compile_some(idx: list[int]) -> Any:
         db = hyperscan.Database()
         db.compile(
-            expressions=[rules[i].pattern.encode() for i in idx], ids=idx,
+            expressions=[hyperscan_pattern(rules[i].pattern).encode() for i in idx], ids=idx,
             elements=len(idx), flags=[flags] * len(idx),
         )
         return db
@@ -130,6 +179,7 @@ class MultiMatcher:
         self._line_re: list[LinearRegex] = [compile_linear(r.pack, r.id, r.pattern, multiline=True)
                                             for r in self.rules]
         self._order = {r.id: i for i, r in enumerate(self.rules)}
+        self._confirm = [Confirmer(r) for r in self.rules]
         if self.backend is Backend.HYPERSCAN:
             self._hs, self._residual = _hyperscan_db(self.rules)
         elif self.backend is Backend.RE2:
@@ -162,38 +212,82 @@ class MultiMatcher:
         if not lines:
             return []
         if self._hs is not None:
-            candidates: set[tuple[int, int]] = set()
-            # Block by block, so the joined text, its bytes and the newline mask stay in the CPU cache
-            # between the passes over them. Findings are confirmed on single lines, so no match that
-            # could become one spans a block boundary.
-            for first in range(0, len(lines), _BLOCK):
-                block = lines[first:first + _BLOCK]
-                text = "\n".join(block)
-                data = text.encode("ascii") if text.isascii() else text.encode("utf-8", "surrogatepass")
-                newline = np.frombuffer(data, dtype=np.uint8) == _NL
-                if int(np.count_nonzero(newline)) != len(block) - 1:
-                    # A line with an embedded newline would shift every later line: keep lines whole.
-                    return self.scan([ln.replace("\n", " ") for ln in lines])
-                candidates.update((first + line, rule_no) for line, rule_no in self._hyperscan_lines(data, newline))
-            if self._residual:
-                candidates |= self._scan_re("\n".join(lines), self._residual, lines)
-        else:
-            text = "\n".join(lines)
-            if text.count("\n") != len(lines) - 1:
+            found = self._scan_hyperscan(lines)
+            if found is None:
+                # A line with an embedded newline would shift every later line: keep lines whole.
                 return self.scan([ln.replace("\n", " ") for ln in lines])
-            candidates = set()
-            if self._set is not None:
-                matched = self._set.Match(text) or []
-                candidates |= self._scan_re(text, [self._set_ids[i] for i in matched], lines)
-            if self._residual:
-                candidates |= self._scan_re(text, self._residual, lines)
+            if not self._residual:
+                return found
+            candidates = self._scan_re("\n".join(lines), self._residual, lines)
+            out = found + self._confirmed(lines, candidates)
+            out.sort(key=lambda m: (m.line, self._order[m.rule.id]))
+            return out
+        text = "\n".join(lines)
+        if text.count("\n") != len(lines) - 1:
+            return self.scan([ln.replace("\n", " ") for ln in lines])
+        candidates = set()
+        if self._set is not None:
+            matched = self._set.Match(text) or []
+            candidates |= self._scan_re(text, [self._set_ids[i] for i in matched], lines)
+        if self._residual:
+            candidates |= self._scan_re(text, self._residual, lines)
+        return self._confirmed(lines, candidates)
+
+    def _confirmed(self, lines: Sequence[str], candidates: Iterable[tuple[int, int]]) -> list[LineMatch]:
         out: list[LineMatch] = []
         for line_no, rule_no in sorted(candidates):
-            rule = self.rules[rule_no]
-            m = rule.regex.search(lines[line_no])
-            if m:
-                out.append(LineMatch(line_no, rule, m))
+            groups = self._confirm[rule_no].text(lines[line_no])
+            if groups is not None:
+                out.append(LineMatch(line_no, self.rules[rule_no], groups))
         return out
+
+    def _scan_hyperscan(self, lines: Sequence[str]) -> list[LineMatch] | None:
+        """Confirmed matches from one hyperscan scan per block; None when a line holds a newline."""
+        found: list[tuple[int, int, dict[str, str]]] = []
+        hits: list[tuple[int, int]] = []
+        scan, confirm = self._hs.scan, self._confirm
+        # Block by block, so the joined text, its bytes and the newline mask stay in the CPU cache
+        # between the passes over them. Findings are confirmed on single lines, so no match that
+        # could become one spans a block boundary.
+        for first in range(0, len(lines), _BLOCK):
+            block = lines[first:first + _BLOCK]
+            text = "\n".join(block)
+            ascii_only = text.isascii()  # O(1): CPython keeps the flag on the string
+            data = text.encode("ascii") if ascii_only else text.encode("utf-8", "surrogatepass")
+            newline = np.frombuffer(data, dtype=np.uint8) == _NL
+            if int(np.count_nonzero(newline)) != len(block) - 1:
+                return None
+            hits.clear()
+            scan(data, match_event_handler=_collect, context=hits)
+            if not hits:
+                continue
+            hits.sort()
+            # Only hit positions are resolved (newlines counted between consecutive hits), so the cost
+            # is the hits, not the lines of the block; a line is confirmed once per rule that hit it.
+            line = pos = 0
+            stop = -1
+            seen: set[int] = set()
+            for end, rule_no in hits:
+                at = end - 1 if end else 0  # a match ending right after a newline belongs to the line before
+                if at > stop:
+                    line += int(np.count_nonzero(newline[pos:at]))
+                    pos = at
+                    start = data.rfind(b"\n", 0, at) + 1
+                    stop = data.find(b"\n", at)
+                    stop = len(data) if stop < 0 else stop
+                    seen = set()
+                if rule_no in seen:
+                    continue
+                seen.add(rule_no)
+                if ascii_only:
+                    groups = confirm[rule_no].ascii(data[start:stop], hit=True)
+                else:
+                    groups = confirm[rule_no].text(block[line])
+                if groups is not None:
+                    found.append((first + line, rule_no, groups))
+        found.sort(key=_FIRST_TWO)
+        rules = self.rules
+        return [LineMatch(line, rules[rule_no], groups) for line, rule_no, groups in found]
 
     def scan_buffer(self, data: bytes) -> list[BufferMatch]:
         """Rules confirmed on the lines of a newline-separated byte buffer (a log file as read).
@@ -204,38 +298,43 @@ class MultiMatcher:
         if self._hs is None:
             return self._scan_buffer_split(data)
         hits: list[tuple[int, int]] = []
-
-        def on_match(rule_no: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
-            hits.append((end, rule_no))
-
-        self._hs.scan(data, match_event_handler=on_match)
-        seen: set[tuple[int, int]] = set()
-        lines: dict[int, tuple[int, str]] = {}
-        for end, rule_no in sorted(hits):
-            at = max(end - 1, 0)
-            start = data.rfind(b"\n", 0, at) + 1
-            if (start, rule_no) in seen:
-                continue
-            seen.add((start, rule_no))
-            if start not in lines:
-                stop = data.find(b"\n", start)
+        self._hs.scan(data, match_event_handler=_collect, context=hits)
+        hits.sort()
+        found: list[tuple[int, int, int, str, dict[str, str]]] = []
+        confirm = self._confirm
+        start = stop = -1
+        raw = b""
+        text = ""
+        seen: set[int] = set()
+        for end, rule_no in hits:
+            at = end - 1 if end else 0
+            if at > stop:
+                start = data.rfind(b"\n", 0, at) + 1
+                stop = data.find(b"\n", at)
                 stop = len(data) if stop < 0 else stop
-                lines[start] = (stop, data[start:stop].decode("utf-8", "replace").rstrip("\r"))
-        out: list[BufferMatch] = []
-        for start, rule_no in sorted(seen):
-            stop, text = lines[start]
-            rule = self.rules[rule_no]
-            m = rule.regex.search(text)
-            if m:
-                out.append(BufferMatch(start, stop, text, rule, m))
-        out.extend(self._residual_buffer(data))
-        out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
+                raw = data[start:stop].rstrip(b"\r")
+                whole = len(raw) == stop - start
+                text = ""
+                seen = set()
+            if rule_no in seen:
+                continue
+            seen.add(rule_no)
+            if raw.isascii():
+                groups = confirm[rule_no].ascii(raw, hit=whole)
+                if groups is not None and not text:
+                    text = raw.decode("ascii")
+            else:
+                text = text or raw.decode("utf-8", "replace")
+                groups = confirm[rule_no].text(text)
+            if groups is not None:
+                found.append((start, rule_no, stop, text, groups))
+        found.sort(key=_FIRST_TWO)
+        rules = self.rules
+        out = [BufferMatch(start, stop, text, rules[rule_no], groups) for start, rule_no, stop, text, groups in found]
+        if self._residual:
+            out.extend(self._scan_buffer_split(data, only=self._residual))
+            out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
         return out
-
-    def _residual_buffer(self, data: bytes) -> list[BufferMatch]:
-        if not self._residual:
-            return []
-        return self._scan_buffer_split(data, only=self._residual)
 
     def _scan_buffer_split(self, data: bytes, only: list[int] | None = None) -> list[BufferMatch]:
         raw = data.split(b"\n")
@@ -243,40 +342,16 @@ class MultiMatcher:
         if only is None:
             found = self.scan(texts)
         else:
-            text = "\n".join(texts)
-            cands = sorted(self._scan_re(text, only, texts))
-            found = [LineMatch(i, self.rules[r], m) for i, r in cands
-                     if (m := self.rules[r].regex.search(texts[i]))]
+            found = self._confirmed(texts, self._scan_re("\n".join(texts), only, texts))
         offsets: list[int] = []
         pos = 0
         for r in raw:
             offsets.append(pos)
             pos += len(r) + 1
         return [
-            BufferMatch(offsets[h.line], offsets[h.line] + len(raw[h.line]), texts[h.line], h.rule, h.match)
+            BufferMatch(offsets[h.line], offsets[h.line] + len(raw[h.line]), texts[h.line], h.rule, h.groups)
             for h in found
         ]
-
-    def _hyperscan_lines(self, data: bytes, newline: NDArray[np.bool_]) -> set[tuple[int, int]]:
-        """(line, rule) candidates; ``newline`` marks the newline bytes of ``data``."""
-        hits: list[tuple[int, int]] = []
-
-        def on_match(rule_no: int, _start: int, end: int, _flags: int, _ctx: object) -> None:
-            hits.append((end, rule_no))
-
-        self._hs.scan(data, match_event_handler=on_match)
-        if not hits:
-            return set()
-        # A match ending right after a newline belongs to the line before it: look at its last byte.
-        ends = [max(end - 1, 0) for end, _ in hits]
-        # Only hit positions are resolved, so the cost is the hits, not the lines of the batch.
-        line_of: dict[int, int] = {}
-        line = pos = 0
-        for at in sorted(set(ends)):
-            line += int(np.count_nonzero(newline[pos:at]))
-            line_of[at] = line
-            pos = at
-        return {(line_of[end], rule_no) for end, (_, rule_no) in zip(ends, hits, strict=True)}
 
     def _scan_re(self, text: str, rule_nos: Iterable[int], lines: Sequence[str]) -> set[tuple[int, int]]:
         starts: list[int] | None = None
@@ -287,6 +362,11 @@ class MultiMatcher:
                     starts = _line_starts(lines)
                 out.add((bisect.bisect_right(starts, m.start()) - 1, rule_no))
         return out
+
+
+def _collect(rule_no: int, _start: int, end: int, _flags: int, hits: list[tuple[int, int]]) -> None:
+    """Hyperscan's match callback: (end offset, rule) into the list given as the scan's context."""
+    hits.append((end, rule_no))
 
 
 def _line_starts(lines: Sequence[str]) -> list[int]:
@@ -309,5 +389,5 @@ class NaiveMatcher:
             for rule in self.rules:
                 m = rule.regex.search(ln)
                 if m:
-                    out.append(LineMatch(i, rule, m))
+                    out.append(LineMatch(i, rule, {k: v for k, v in m.groupdict().items() if v is not None}))
         return out

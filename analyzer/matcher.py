@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from analyzer.engine import Backend, MultiMatcher
@@ -25,8 +26,12 @@ _PCI = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize_pci(raw: str) -> str:
-    """Canonical PCI id ``dddd:bb:dd`` (NVML's ``00000000:3B:00.0`` and Xid's ``0000:3b:00`` agree)."""
+    """Canonical PCI id ``dddd:bb:dd`` (NVML's ``00000000:3B:00.0`` and Xid's ``0000:3b:00`` agree).
+
+    Cached: a node has a handful of devices, and their ids come again in line after line.
+    """
     m = _PCI.match(raw.strip())
     if not m:
         return raw.strip().lower()
@@ -41,13 +46,14 @@ def _int_or_none(raw: str | None) -> int | None:
         return None
 
 
-def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: dict[str, str | None]) -> Finding:
+def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: Mapping[str, str | None]) -> Finding:
     """Build the finding for one matched line: fields come only from matched lines."""
-    fields = {k: v for k, v in rule.fields}
-    fields.update({k: v for k, v in groups.items() if v is not None})
+    fields = dict(rule.fields)
+    if groups:
+        fields.update({k: v for k, v in groups.items() if v is not None})
     pci = normalize_pci(fields["pci"]) if "pci" in fields else None
     rank = _int_or_none(fields.get("rank"))
-    if rank is None and line.rank is None:
+    if rank is None and line.rank is None and line.text.startswith("[rank"):
         m = _RANK_PREFIX.match(line.text)
         rank = int(m.group(1)) if m else None
     action, severity = rule.recommended_action, rule.severity
@@ -130,7 +136,7 @@ class FastMatcher:
             sig = logs[hit.line]
             line = payloads[hit.line]
             if isinstance(line, LogLine) and hit.rule.applies_to(sig.source):
-                out.append(finding_from_match(hit.rule, sig, line, hit.match.groupdict()))
+                out.append(finding_from_match(hit.rule, sig, line, hit.groups))
         if others and self.signals is not None:
             out.extend(self.signals.match(others))
         return out

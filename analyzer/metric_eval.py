@@ -62,6 +62,20 @@ class _Series:
 
 
 @dataclass(frozen=True, slots=True)
+class SeriesState:
+    """What one series' evaluation needs from its past: stored so a restarted service goes on from it."""
+
+    key: tuple[str, ...]
+    """Node, metric name and the identifying labels (``name=value``, sorted)."""
+    value: float
+    """The series' last sample."""
+    ts: float
+    """Time of that sample."""
+    streak: Mapping[str, int]
+    """Per rule id, how many consecutive samples up to it met the rule's condition."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Hit:
     rule: MetricRule
     delta: float | None
@@ -99,6 +113,7 @@ class SignalEvaluator:
         self.stale_s = stale_s
         self._series: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
         self._newest = 0.0
+        self._changed: set[tuple[str, ...]] = set()
 
     def __len__(self) -> int:
         return len(self._series)
@@ -120,6 +135,33 @@ class SignalEvaluator:
                 out.extend(self.metric_findings(sig, sample))
         self._evict()
         return out
+
+    def take_changed(self) -> list[SeriesState]:
+        """The states of the series that took a sample since the last call (for the caller to store)."""
+        out = []
+        for key in self._changed:
+            series = self._series.get(key)
+            if series is not None and series.value is not None:
+                out.append(SeriesState(key, series.value, series.ts, dict(series.streak)))
+        self._changed = set()
+        return out
+
+    def restore(self, states: Iterable[SeriesState]) -> None:
+        """Put back stored series states (a series already holding a newer sample keeps it).
+
+        After a restart a counter's next sample is then judged against its last one: an increase
+        across the restart is found, and a counter that did not move is no increase from zero.
+        """
+        for st in sorted(states, key=lambda s: s.ts):
+            series = self._series.get(st.key)
+            if series is not None and series.ts > st.ts:
+                continue
+            series = self._series[st.key] = _Series()
+            self._series.move_to_end(st.key)
+            series.value, series.ts, series.streak = st.value, st.ts, dict(st.streak)
+            series.prev = (st.value, st.ts, dict(st.streak))
+            self._newest = max(self._newest, st.ts)
+        self._evict()
 
     def watching(self, name: str) -> list[MetricRule]:
         """Metric rules that look at this metric name."""
@@ -175,6 +217,7 @@ class SignalEvaluator:
         hits = [h for r in self.by_metric[sample.name] if (h := self._test(r, series, sig, sample)) is not None]
         series.value, series.ts = sample.value, sig.ts
         self._newest = max(self._newest, sig.ts)
+        self._changed.add(key)
         return [self._finding(h, sig, sample) for h in hits]
 
     def _test(self, rule: MetricRule, series: _Series, sig: Signal, sample: MetricSample) -> _Hit | None:

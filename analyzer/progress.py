@@ -44,6 +44,8 @@ class ProgressEvent:
     """The signal it came from (evidence)."""
     rule_id: str = "hook"
     """Progress rule that matched, or ``hook`` for samples from the training-script hook."""
+    world_size: int | None = None
+    """Ranks in the run, when the reporter said (the hook records torchrun's ``WORLD_SIZE``)."""
 
 
 def match_progress(text: str, rules: Sequence[ProgressRule]) -> tuple[ProgressRule, Extracted] | None:
@@ -84,7 +86,7 @@ class ProgressExtractor:
             if isinstance(p, ProgressSample):
                 out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=_KINDS[p.event],
                                          step=p.step, step_time=p.step_time, phases=dict(p.phases),
-                                         signal_id=sig.id))
+                                         signal_id=sig.id, world_size=p.world_size))
             elif isinstance(p, LogLine) and self.rules:
                 ev = self._from_line(sig, p)
                 if ev is not None:

@@ -360,6 +360,9 @@ def main() -> None:
     ap.add_argument("--fleet-hours", type=float, default=10000.0, help="healthy job-hours in the false-alarm fleet")
     ap.add_argument("--jobs", type=int, default=1, help="processes for the false-alarm fleet")
     ap.add_argument("--straggler-world", type=int, default=1024, help="ranks per job in the straggler trials")
+    ap.add_argument("--straggler-trials", type=int, default=10, help="straggler trials per slowdown")
+    ap.add_argument("--straggler-slowdowns", type=float, nargs="*",
+                    default=[1.05, 1.10, 1.20, 1.20, 1.50, 2.00], help="slowdowns of the straggler trials")
     ap.add_argument("--only", nargs="*", help="run only these sections")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -368,8 +371,9 @@ def main() -> None:
     sections: dict[str, Callable[[], dict[str, Any]]] = {
         "hang": lambda: bench_hang(12 if q else 60, rng),
         "culprit": lambda: bench_culprit(10 if q else 100, rng),
-        "straggler": lambda: bench_straggler([1.20] if q else [1.05, 1.10, 1.20, 1.20, 1.50, 2.00],
-                                             2 if q else 10, 256 if q else args.straggler_world, rng),
+        "straggler": lambda: bench_straggler([1.20] if q else args.straggler_slowdowns,
+                                             2 if q else args.straggler_trials, 256 if q else args.straggler_world,
+                                             rng),
         "root_cause": lambda: bench_root_cause(10 if q else 100, rng),
         "lifecycle": lambda: bench_lifecycle(10 if q else 100, rng),
         "false_alarms": lambda: bench_false_alarms(40 if q else args.fleet_hours, rng, args.jobs),

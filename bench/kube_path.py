@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ from tests.procs import wait_ready  # noqa: E402
 
 NODE = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8", "pods": "110"}
 TOKEN = "sa-token"
+PROFILE = os.environ.get("KMEND_BENCH_PROFILE", "")
+"""A folder: when set, `kmend serve` runs under py-spy and each measurement leaves its samples there."""
 
 
 def _xid(node: str) -> dict[str, Any]:
@@ -73,9 +76,14 @@ def _serve(api: FakeApiServer, tmp: Path) -> tuple[subprocess.Popen[bytes], str]
            "KMEND_HEALER_INTERVAL_S": "0.05", "KMEND_SCHEDULER_INTERVAL_S": "0.05", "KMEND_SYMPTOM_SETTLE_S": "0",
            "KMEND_EVENT_NAMESPACE": "kmend-system"}
     log = tmp / "serve.log"
+    cmd = [sys.executable, "-m", "kmend.cli", "serve"]
+    if PROFILE:
+        # Sampled by py-spy from its start: wall time of every thread, idle waits included.
+        out = Path(PROFILE) / f"{tmp.name}.json"
+        cmd = ["py-spy", "record", "--idle", "--threads", "--format", "speedscope", "--rate", "500", "-o", str(out),
+               "--", *cmd]
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], env=env, stdout=fh,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, proc, log=log)
     return proc, url
@@ -101,22 +109,54 @@ def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
     with FakeApiServer(rbac=rbac) as api:
         # Enough nodes that the breaker (10 % of GPU nodes) never stops one fault at a time.
         _cluster(api, faults * 12)
+        cordoned = _cordon_clock(api)
+        # The floor: the cordon alone, a plain client's PATCH on the same server, as the server sees it land.
+        cfg = client.Configuration(host=api.url)
+        cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
+        core = client.CoreV1Api(client.ApiClient(cfg))
+        floor = []
+        for i in range(faults):
+            node = f"gpu-{i * 11 + 1:04d}"
+            t0 = time.monotonic()
+            core.patch_node(node, {"spec": {"unschedulable": True}}, _preload_content=False).data  # noqa: B018
+            floor.append((cordoned[node] - t0) * 1000)
         proc, url = _serve(api, tmp)
+        lat, ack = [], []
         try:
-            lat = []
-            for i in range(faults):
-                node = f"gpu-{i * 11:04d}"
-                t0 = time.monotonic()
-                _post(url, [_xid(node)])
-                _wait(lambda n=node: api.nodes[n]["spec"].get("unschedulable"))
-                lat.append((time.monotonic() - t0) * 1000)
+            with httpx.Client(base_url=url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
+                for i in range(faults):
+                    node = f"gpu-{i * 11:04d}"
+                    t0 = time.monotonic()
+                    agent.post("/v1/signals", json={"signals": [_xid(node)]}).raise_for_status()
+                    ack.append((time.monotonic() - t0) * 1000)
+                    _wait(lambda n=node: n in cordoned)
+                    lat.append((cordoned[node] - t0) * 1000)
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
-    lat.sort()
+            _stop(proc)
     return {"bench": "signal_to_cordon", "faults": faults, "server": "loopback fake, RBAC enforced",
-            "p50_ms": round(statistics.median(lat), 1), "p99_ms": round(lat[max(0, int(len(lat) * 0.99) - 1)], 1),
-            "max_ms": round(lat[-1], 1)}
+            **_percentiles("", lat), **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}
+
+
+def _percentiles(prefix: str, values: list[float]) -> dict[str, float]:
+    v = sorted(values)
+    return {f"{prefix}p50_ms": round(statistics.median(v), 1),
+            f"{prefix}p99_ms": round(v[max(0, int(len(v) * 0.99) - 1)], 1), f"{prefix}max_ms": round(v[-1], 1)}
+
+
+def _cordon_clock(api: FakeApiServer) -> dict[str, float]:
+    """When the server took each node's first cordon (its own clock, not a poll)."""
+    times: dict[str, float] = {}
+    handle = api.handle
+
+    def timed(method: str, path: str, body: Any, ctype: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        code, answer = handle(method, path, body, ctype, query)
+        if (method == "PATCH" and path.startswith("/api/v1/nodes/") and code < 300
+                and isinstance(body, dict) and (body.get("spec") or {}).get("unschedulable")):
+            times.setdefault(path.rsplit("/", 1)[1], time.monotonic())
+        return code, answer
+
+    api.handle = timed  # type: ignore[method-assign]
+    return times
 
 
 def leaf_quarantine(tmp: Path, nodes: int = 512) -> dict[str, Any]:
@@ -140,8 +180,7 @@ def leaf_quarantine(tmp: Path, nodes: int = 512) -> dict[str, Any]:
                     break
                 time.sleep(0.01)
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+            _stop(proc)
     return {"bench": "leaf_quarantine", "leaf_nodes": 32, "cluster_nodes": nodes, "cordoned": last,
             "held_back_by_breaker": 32 - last, "seconds_to_last_cordon": round(at, 3)}
 
@@ -149,41 +188,95 @@ def leaf_quarantine(tmp: Path, nodes: int = 512) -> dict[str, Any]:
 def binds(pods: int, tmp: Path) -> dict[str, Any]:
     rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
                                    user="system:serviceaccount:kmend-system:kmend")
-    out: dict[str, Any] = {"bench": "gang_binds", "pods": pods}
+    out: dict[str, Any] = {"bench": "gang_binds", "pods": pods, "server": "loopback fake, RBAC enforced"}
     with FakeApiServer(rbac=rbac) as api:
-        _cluster(api, pods)
-        # The floor: the same number of binds, one plain client call after another.
+        _cluster(api, 2 * pods)
+        bound = _bind_clock(api)
+        # The floor: the same number of binds from a plain client, one call after another, then from 8
+        # threads (kmend's bind workers); each rate is first to last bind as the server saw them.
         cfg = client.Configuration(host=api.url)
         cfg.api_key = {"authorization": f"Bearer {TOKEN}"}
         core = client.CoreV1Api(client.ApiClient(cfg))
-        for i in range(pods):
-            api.add_pod("floor", f"p-{i}", scheduler="other", requests={"nvidia.com/gpu": "8"})
-        t0 = time.monotonic()
-        for i in range(pods):
-            core.create_namespaced_pod_binding(f"p-{i}", "floor", client.V1Binding(
+
+        def bind(ns: str, i: int) -> None:
+            resp = core.create_namespaced_pod_binding(f"p-{i}", ns, client.V1Binding(
                 metadata=client.V1ObjectMeta(name=f"p-{i}"),
                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=f"gpu-{i:04d}")),
                 _preload_content=False)
-        out["floor_plain_client_pods_per_s"] = round(pods / (time.monotonic() - t0), 1)
-        for (ns, name) in [k for k in api.pods if k[0] == "floor"]:
-            del api.pods[(ns, name)]
-        # The gang is pending before kmend starts, so the figures are kmend's, not the pods' arrival.
+            resp.data  # noqa: B018 - read to the end: the connection is reused, as client-go does
+
+        for ns in ("floor", "floor8"):
+            for i in range(pods):
+                api.add_pod(ns, f"p-{i}", scheduler="other", requests={"nvidia.com/gpu": "8"})
         for i in range(pods):
-            api.add_pod("train", f"g-{i}", scheduler="kmend", requests={"nvidia.com/gpu": "8"},
-                        labels={"scheduling.x-k8s.io/pod-group": "g"})
+            bind("floor", i)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: bind("floor8", i), range(pods)))
+        out["floor_plain_client_pods_per_s"] = _rate(bound["floor"])
+        out["floor_8_threads_pods_per_s"] = _rate(bound["floor8"])
+        for key in [k for k in api.pods if k[0].startswith("floor")]:
+            del api.pods[key]
+        # Gang A is pending before kmend starts: how soon after start the first bind comes.
+        _gang(api, "train-a", pods, 0)
+        t_spawn = time.monotonic()
         proc, _url = _serve(api, tmp)
+        t_ready = time.monotonic()
         try:
-            cpu0 = _cpu(proc.pid)
-            first = _wait(lambda: any(p["spec"].get("nodeName") for (ns, _), p in api.pods.items() if ns == "train"))
-            total = _wait(lambda: all(p["spec"].get("nodeName") for (ns, _), p in api.pods.items() if ns == "train"))
-            cpu = _cpu(proc.pid) - cpu0
+            pid = _children(proc.pid)[0] if PROFILE else proc.pid
+            _wait(lambda: len(bound.get("train-a", ())) == pods)
+            out["a_first_bind_after_start_s"] = round(bound["train-a"][0] - t_spawn, 3)
+            out["a_first_bind_after_ready_s"] = round(bound["train-a"][0] - t_ready, 3)
+            out["a_pods_per_s"] = _rate(bound["train-a"])
+            # Gang B arrives while kmend runs: the steady state, with kmend's CPU from arrival to last bind.
+            cpu0 = _cpu(pid)
+            t_created = time.monotonic()
+            _gang(api, "train-b", pods, pods)
+            _wait(lambda: len(bound.get("train-b", ())) == pods)
+            cpu = _cpu(pid) - cpu0
+            out["b_first_bind_after_arrival_s"] = round(bound["train-b"][0] - t_created, 3)
+            out["b_all_bound_after_arrival_s"] = round(bound["train-b"][-1] - t_created, 3)
+            out["b_pods_per_s"] = _rate(bound["train-b"])
+            out["b_cpu_ms_per_pod"] = round(cpu * 1000 / pods, 2)
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
-    out.update({"kmend_first_bind_after_ready_s": round(first, 3), "kmend_all_bound_after_ready_s": round(total, 3),
-                "kmend_pods_per_s": round(pods / max(total - first, 1e-3), 1),
-                "kmend_cpu_ms_per_pod": round(cpu * 1000 / pods, 2)})
+            _stop(proc)
+    out["b_vs_floor"] = round(out["b_pods_per_s"] / out["floor_plain_client_pods_per_s"], 2)
     return out
+
+
+def _gang(api: FakeApiServer, namespace: str, pods: int, first: int) -> None:
+    for i in range(first, first + pods):
+        api.add_pod(namespace, f"g-{i}", scheduler="kmend", requests={"nvidia.com/gpu": "8"},
+                    labels={"scheduling.x-k8s.io/pod-group": "g"})
+
+
+def _bind_clock(api: FakeApiServer) -> dict[str, list[float]]:
+    """When the server accepted each binding, per namespace (its own clock, not a poll)."""
+    times: dict[str, list[float]] = {}
+    handle = api.handle
+
+    def timed(method: str, path: str, body: Any, ctype: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        code, answer = handle(method, path, body, ctype, query)
+        if method == "POST" and path.endswith("/binding") and code < 300:
+            times.setdefault(path.split("/")[4], []).append(time.monotonic())
+        return code, answer
+
+    api.handle = timed  # type: ignore[method-assign]
+    return times
+
+
+def _rate(times: list[float]) -> float:
+    return round((len(times) - 1) / max(times[-1] - times[0], 1e-6), 1)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for pid in _children(proc.pid) if PROFILE else ():
+        os.kill(pid, 15)  # py-spy writes its samples once the process it follows has exited
+    proc.terminate() if not PROFILE else None
+    proc.wait(timeout=60)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
 
 
 def _cpu(pid: int) -> float:
@@ -195,11 +288,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--faults", type=int, default=100)
     p.add_argument("--pods", type=int, default=64)
+    p.add_argument("--only", choices=("cordon", "leaf", "binds"), action="append",
+                   help="run only these measurements (repeatable); all three by default")
     args = p.parse_args()
+    runs = {"cordon": lambda t: cordon_latency(args.faults, t), "leaf": leaf_quarantine,
+            "binds": lambda t: binds(args.pods, t)}
     with tempfile.TemporaryDirectory() as d:
-        for i, fn in enumerate((lambda t: cordon_latency(args.faults, t), leaf_quarantine,
-                                lambda t: binds(args.pods, t))):
-            t = Path(d) / str(i)
+        for name, fn in runs.items():
+            if args.only and name not in args.only:
+                continue
+            t = Path(d) / name
             t.mkdir()
             print(json.dumps(fn(t)), flush=True)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import gzip
 import re
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import IO
@@ -59,6 +60,9 @@ class LogFile:
     """Training job the pod belongs to."""
     rank: int | None = None
     """Rank of the pod's process, when its labels or name say (a line's own rank prefix wins)."""
+    node_hint: str | None = None
+    """Node for lines that name none when the path does not say: the host the file's syslog or NCCL lines
+    name most, else the bundle's only node."""
 
 
 @dataclass(slots=True)
@@ -114,6 +118,10 @@ def _describe(path: Path, root: Path | None, node: str | None, job: str | None,
                    rank=rank)
 
 
+_LAYOUT_DIRS = frozenset({"var", "log", "logs", "pods", "containers", "journal", "kubectl", "kernel", "dmesg"})
+"""Directory names of a bundle's layout that are never node names."""
+
+
 def _node_from_path(path: Path, root: Path | None) -> str | None:
     parts = path.parts
     if "var" in parts:
@@ -122,9 +130,34 @@ def _node_from_path(path: Path, root: Path | None) -> str | None:
             return parts[i - 1]
     if root is not None:
         rel = path.relative_to(root).parts
-        if len(rel) >= 2:
+        if len(rel) >= 2 and rel[0] not in _LAYOUT_DIRS and not _PODS_DIR.match(rel[0]):
             return rel[0]
     return None
+
+
+_HINT_BYTES = 256 * 1024
+"""How much of a file is read to find the host its lines name."""
+
+
+def _host_hint(path: Path) -> str | None:
+    """The host a file's syslog (``Dec  2 11:38:47 worker4 kernel: ...``) or NCCL (``worker4:123:456 [0]``)
+    lines name most, from its first bytes."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                head = fh.read(_HINT_BYTES)
+        else:
+            with open(path, "rb") as fh:
+                head = fh.read(_HINT_BYTES)
+    except (OSError, EOFError):
+        return None
+    hosts: Counter[str] = Counter()
+    for ln in head.decode("utf-8", "replace").splitlines():
+        if (m := _CRI.match(ln)) is not None:
+            ln = m.group(3)
+        if (host := _node_from_line(ln)) is not None and host not in ("localhost", "kernel"):
+            hosts[host] += 1
+    return hosts.most_common(1)[0][0] if hosts else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +205,12 @@ class BundleSource:
             out.append(LogFile(name="-", kind=LogKind.AUTO, node=self.node, job=self.job))
         for path, root in self._paths():
             if parse_dump_name(path.name) is None:
-                out.append(_describe(path, root, self.node, self.job, self.pod_labels))
+                f = _describe(path, root, self.node, self.job, self.pod_labels)
+                out.append(f if f.node else replace(f, node_hint=_host_hint(path)))
+        # A bundle from one node: its files that name no node are that node's (a pod log beside its syslog).
+        nodes = {f.node or f.node_hint for f in out} - {None}
+        if len(nodes) == 1:
+            out = [f if f.node or f.node_hint else replace(f, node_hint=next(iter(nodes))) for f in out]
         return out
 
     def dumps(self) -> list[BundleDump]:
@@ -242,7 +280,7 @@ class BundleSource:
             pod, container = fl.pods[line]
             job, rank = pod_identity(pod, self.pod_labels.get(pod), job=self.job)
         named = line_rank(text) if source is Source.CONTAINER else None
-        node = f.node or prefix.host or _node_from_line(raw) or "unknown"
+        node = f.node or prefix.host or _node_from_line(raw) or f.node_hint or "unknown"
         return Signal(
             id=f"{node}:{source.value}:{f.name}:{line}", node=node, source=source, ts=_time_of(fl, line),
             payload=LogLine(text=text, namespace=f.namespace, pod=pod, container=container, job=job,

@@ -11,8 +11,8 @@ Two steps, both linear in the lines of a file:
   final exception line is the event), ``nvidia-smi -q`` sections, ``dcgmi`` table rows
   continued on the next row, and prefixed lines that a forum or terminal wrapped.
 
-Used where text arrives as a file or a paste (``kmend analyze``); the agent's sources
-already ship one clean message per signal, so the service path does not pay for this.
+Used where text arrives as a file or a paste (``kmend analyze``) and by the agent's
+``/dev/kmsg`` source, whose records are one line each: the service sees the same events.
 """
 
 from __future__ import annotations
@@ -100,6 +100,13 @@ _SPECIAL = re.compile(
 )
 """Text any line that starts or continues a multi-line event contains (the fast path's gate)."""
 _TRACEBACK = "Traceback (most recent call last):"
+
+
+def may_continue(text: str) -> bool:
+    """Whether a line could open or continue a multi-line event, so the next lines may still join it."""
+    return _SPECIAL.search(text) is not None
+
+
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 # Lines PyTorch prints under a final exception line that still belong to it.
 _EXC_TAIL = re.compile(

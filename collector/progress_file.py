@@ -117,8 +117,10 @@ class ProgressFileSource:
             event = str(rec.get("event") or "step")
             if event not in ("step", "end"):
                 raise ValueError(event)
+            world = rec.get("world_size")
             sample = ProgressSample(job=self._job(rec), rank=int(rec["rank"]), step=int(rec["step"]),
-                                    step_time=None if st is None else float(st), phases=phases, event=event)
+                                    step_time=None if st is None else float(st), phases=phases, event=event,
+                                    world_size=int(world) if isinstance(world, int) and world > 0 else None)
             ts = float(rec["ts"])
         except (ValueError, KeyError, TypeError, AttributeError):
             self.skipped += 1

@@ -53,9 +53,11 @@ def launcher_env(environ: Mapping[str, str] | None = None) -> dict[str, object]:
 class ProgressReporter:
     """Appends step records for one rank; line-buffered so the agent sees each step at once."""
 
-    def __init__(self, directory: str | os.PathLike[str], job: str, rank: int) -> None:
+    def __init__(self, directory: str | os.PathLike[str], job: str, rank: int, *,
+                 world_size: int | None = None) -> None:
         self.job = job
         self.rank = rank
+        self.world_size = world_size
         self.path = Path(directory) / f"{_safe(job)}.rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open across steps
@@ -65,6 +67,8 @@ class ProgressReporter:
                     phases: Mapping[str, float] | None = None, *, ts: float | None = None) -> None:
         """Record that `step` finished, taking `step_time` seconds (phases: seconds per phase)."""
         rec = _record(time.time() if ts is None else ts, self.job, self.rank, step, step_time, phases)
+        if self.world_size is not None:
+            rec["world_size"] = self.world_size
         self._last = int(step)
         with contextlib.suppress(OSError):  # a full disk must not stop training
             self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")

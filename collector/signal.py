@@ -65,6 +65,8 @@ class ProgressSample:
     """Optional per-phase seconds (forward, backward, optimizer, comm_wait)."""
     event: str = "step"
     """``step`` (`step` finished), ``end`` (the run finished) or ``exit`` (the rank's container is gone)."""
+    world_size: int | None = None
+    """Ranks in the run (torchrun's ``WORLD_SIZE``), when the reporter knows it: a change is a new run."""
 
 
 Payload = LogLine | MetricSample | ProgressSample

@@ -6,12 +6,14 @@ still stuck, before any plan restarts it:
 
 - it finds the job's training processes on the node: processes whose environment
   has ``RANK`` (torchrun, DeepSpeed and Lightning launchers set it) and whose job
-  is the requested one: by pod labels (cgroup pod UID -> ``/var/log/pods`` dir ->
-  pod metadata), else ``KMEND_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID``. A
-  DataLoader worker inherits its parent's ``RANK``; only the topmost process of a
-  rank is dumped;
+  is the requested one (``collector.processes``: its pod, ``KMEND_JOB``, torchrun's
+  run id). A DataLoader worker inherits its parent's ``RANK``; only the topmost
+  process of a rank is dumped;
 - it runs ``py-spy dump --pid`` on each (the agent needs host PID namespace and
-  ``SYS_PTRACE``) and posts the text to ``POST /v1/stacks``;
+  ``SYS_PTRACE``) and posts the text to ``POST /v1/stacks`` with the process's
+  state: a stopped process (``T`` in ``/proc/<pid>/stat``) cannot be paused by
+  py-spy, so it is read without pausing (``--nonblocking``: it runs no code, so
+  its memory holds still), and being stopped is itself the strongest evidence;
 - where the process set ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (with
   ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0), ProcessGroupNCCL reads the FIFO
   ``<value><rank>.pipe``; writing to it makes the rank write its Flight Recorder
@@ -26,18 +28,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import subprocess
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import httpx
 
 from collector.node_requests import Answer, NodeRequest
-from collector.podmeta import PodMetadataProvider, job_and_rank
+from collector.processes import ProcessFinder, TrainingProcess
 from collector.sources.base import Clock, Poll
 
 log = logging.getLogger(__name__)
@@ -46,97 +45,8 @@ KIND = "stack_dump"
 """Request kind the service opens on a suspected hang."""
 MAX_STACK_BYTES = 256 * 1024
 """Larger dumps are cut before upload (the service caps them too)."""
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingProcess:
-    """One rank's process as seen from the host."""
-
-    pid: int
-    """Host PID."""
-    rank: int
-    """Global rank (``RANK``)."""
-    job: str | None
-    """Training job, when its pod labels or environment tell it."""
-    pipe: str | None
-    """Path (inside the process's root) of its Flight Recorder trigger FIFO, when configured."""
-
-
-def _environ(proc: Path) -> dict[str, str] | None:
-    try:
-        raw = (proc / "environ").read_bytes()
-    except OSError:
-        return None
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
-
-
-def _ppid(proc: Path) -> int:
-    try:
-        stat = (proc / "stat").read_text()
-    except OSError:
-        return 0
-    # The command name may hold spaces and parentheses: fields start after the last ')'.
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-class ProcessFinder:
-    """Training processes on this node (``/proc`` and the pod log root injected)."""
-
-    def __init__(self, *, proc_root: Path = Path("/proc"), pods_root: Path | None = Path("/var/log/pods"),
-                 pod_metadata: PodMetadataProvider | None = None) -> None:
-        self.proc_root = proc_root
-        self.pods_root = pods_root
-        self.pod_metadata = pod_metadata
-
-    def _job_of_pod(self, proc: Path) -> str | None:
-        if self.pod_metadata is None or self.pods_root is None:
-            return None
-        try:
-            m = _POD_UID.search((proc / "cgroup").read_text())
-        except OSError:
-            return None
-        if m is None:
-            return None
-        uid = m.group(1).replace("_", "-")  # the systemd cgroup driver writes the UID with underscores
-        try:
-            dirs = [d for d in os.listdir(self.pods_root) if d.endswith("_" + uid)]
-        except OSError:
-            return None
-        if not dirs:
-            return None
-        ns, pod, _ = dirs[0].split("_", 2)
-        try:
-            labels = self.pod_metadata.labels(ns, pod, uid)
-        except Exception:
-            return None
-        return job_and_rank(labels)[0] if labels else None
-
-    def find(self) -> list[TrainingProcess]:
-        """The topmost process of each rank (a DataLoader worker shares its parent's ``RANK``)."""
-        found: dict[int, tuple[int, Mapping[str, str], Path]] = {}
-        for entry in os.listdir(self.proc_root):
-            if not entry.isdigit():
-                continue
-            proc = self.proc_root / entry
-            env = _environ(proc)
-            if not env or not env.get("RANK", "").isdigit() or "WORLD_SIZE" not in env:
-                continue
-            found[int(entry)] = (int(env["RANK"]), env, proc)
-        out = []
-        for pid, (rank, penv, proc) in sorted(found.items()):
-            parent = found.get(_ppid(proc))
-            if parent is not None and parent[0] == rank:
-                continue
-            job = self._job_of_pod(proc) or penv.get("KMEND_JOB") or penv.get("TORCHELASTIC_RUN_ID")
-            pipe = penv.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
-            out.append(TrainingProcess(pid=pid, rank=rank, job=job, pipe=f"{pipe}{rank}.pipe" if pipe else None))
-        return out
+__all__ = ["KIND", "ProcessFinder", "PySpyDumper", "StackDumper", "StackRequestResponder", "TrainingProcess",
+           "poke_flight_recorder"]
 
 
 class StackDumper(Protocol):
@@ -145,22 +55,27 @@ class StackDumper(Protocol):
     Guarantees: returns the dump's text, or raises ``RuntimeError`` with why it could not.
     """
 
-    def dump(self, pid: int) -> str:
-        """The stack of every thread of `pid`, as text."""
+    def dump(self, pid: int, *, stopped: bool = False) -> str:
+        """The stack of every thread of `pid`, as text (`stopped`: the process is stopped, not running)."""
         ...
 
 
 class PySpyDumper:
-    """``py-spy dump --pid`` (the process is paused for the few milliseconds it takes)."""
+    """``py-spy dump --pid`` (the process is paused for the few milliseconds it takes).
+
+    py-spy pauses a process through ptrace and fails on one that a signal already stopped;
+    a stopped process is read as it is (``--nonblocking``).
+    """
 
     def __init__(self, binary: str = "py-spy", *, timeout_s: float = 20.0) -> None:
         self.binary = binary
         self.timeout_s = timeout_s
 
-    def dump(self, pid: int) -> str:
+    def dump(self, pid: int, *, stopped: bool = False) -> str:
         """The stack of every thread of `pid`, as text."""
+        argv = [self.binary, "dump", "--pid", str(pid)] + (["--nonblocking"] if stopped else [])
         try:
-            done = subprocess.run([self.binary, "dump", "--pid", str(pid)], capture_output=True,
+            done = subprocess.run(argv, capture_output=True,
                                   timeout=self.timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise RuntimeError(f"py-spy failed on pid {pid}: {exc}") from exc
@@ -231,22 +146,27 @@ class StackRequestResponder:
 
     def answer(self, job: str) -> tuple[str, str]:
         """Capture and upload the stacks of `job`'s processes here; (state, message) for the request."""
-        procs = [p for p in self.finder.find() if p.job == job]
+        procs = [p for p in self.finder.find() if job in p.names or p.job == job]
         if not procs:
-            return "failed", f"no process of job {job!r} on {self.node} (RANK in its environment, job by pod " \
-                             f"labels, KMEND_JOB or TORCHELASTIC_RUN_ID)"
+            return "failed", f"no process of job {job!r} on {self.node} (RANK in its environment, job by its pod, " \
+                             f"KMEND_JOB or TORCHELASTIC_RUN_ID)"
         sent, problems, poked = 0, [], 0
         for p in procs:
             if p.pipe and poke_flight_recorder(self.finder.proc_root, p.pid, p.pipe):
                 poked += 1
             try:
-                text = self.dumper.dump(p.pid)
+                text = self.dumper.dump(p.pid, stopped=p.stopped)
             except RuntimeError as exc:
                 problems.append(str(exc))
-                continue
+                if not p.stopped:
+                    continue
+                # Where it stopped is unknown, but that it stopped is the evidence that matters.
+                text = f"Process {p.pid}: stopped; no stack ({str(exc)[:200]})\n"
+            params: dict[str, str | int] = {"job": job, "rank": p.rank, "node": self.node, "pid": p.pid}
+            if p.state:
+                params["state"] = p.state
             try:
-                resp = self._client.post(f"{self.base}/v1/stacks", headers=self._headers,
-                                         params={"job": job, "rank": p.rank, "node": self.node, "pid": p.pid},
+                resp = self._client.post(f"{self.base}/v1/stacks", headers=self._headers, params=params,
                                          content=text.encode()[:MAX_STACK_BYTES])
                 resp.raise_for_status()
                 sent += 1

@@ -57,6 +57,7 @@ class ProgressPayload(_Strict):
     step_time: float | None = Field(default=None, ge=0)
     phases: dict[Text, float] = Field(default_factory=dict, max_length=64)
     event: Literal["step", "end", "exit"] = "step"
+    world_size: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -97,7 +98,7 @@ def to_record(s: SignalIn) -> Signal:
     elif isinstance(p, MetricPayload):
         payload = MetricSample(p.name, p.value, dict(p.labels))
     else:
-        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event)
+        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size)
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -121,4 +122,6 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body["phases"] = dict(p.phases)
         if p.event != "step":
             body["event"] = p.event
+        if p.world_size is not None:
+            body["world_size"] = p.world_size
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

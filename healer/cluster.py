@@ -119,8 +119,8 @@ class Cluster(Protocol):
     - an event with a ``key`` is recorded at most once (a retry after a crash finds it).
     """
 
-    def list_nodes(self) -> Sequence[NodeInfo]:
-        """All nodes."""
+    def list_nodes(self, labels: Mapping[str, str] | None = None) -> Sequence[NodeInfo]:
+        """All nodes, or those carrying every one of ``labels`` (selected by the server where there is one)."""
         ...
 
     def get_node(self, name: str) -> NodeInfo:

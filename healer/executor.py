@@ -2,15 +2,15 @@
 
 A step found RUNNING or WAITING in the journal after a crash is run again: steps are idempotent through
 the ports (and keyed by their step id where the API is not), so it cannot apply twice. Before each step
-the executor checks that this replica still leads, that nobody uncordoned the node by hand, and the
-safety brakes.
+the executor checks that this replica still leads and the safety brakes; before the first step of each
+call, that nobody uncordoned the node by hand.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Protocol
 
@@ -92,8 +92,12 @@ class PlanExecutor:
         self.on_step = on_step
         self.on_plan = on_plan
 
-    def execute(self, plan: Plan) -> Plan:
-        """Run every unfinished step in order; stops at a waiting, failed or blocked step."""
+    def execute(self, plan: Plan, *, stop_before: Collection[StepKind] = ()) -> Plan:
+        """Run every unfinished step in order; stops at a waiting, failed or blocked step.
+
+        With ``stop_before``, it also stops (the plan still running) at the first unfinished step of one
+        of those kinds: the healer quarantines every node of a batch before draining any of them.
+        """
         if plan.state in FINAL_PLAN_STATES:
             return plan
         if plan.mode is Mode.DRY_RUN:
@@ -106,13 +110,19 @@ class PlanExecutor:
             plan = replace(plan, state=PlanState.RUNNING, reason=plan.reason.split(" | blocked:")[0])
             self.journal.save_plan(plan)
         steps = list(plan.steps)
+        asked = False
         for i, step in enumerate(steps):
             if step.state in DONE_STEP_STATES:
                 continue
+            if step.kind in stop_before:
+                return plan
             if not self.is_leader():
                 return plan
-            if (why := self._taken_back(plan, step)) is not None:
+            # Asked once per call, before its first step: the steps of one call follow each other within
+            # milliseconds, and a node read before each would double the API calls of a quarantine.
+            if not asked and (why := self._taken_back(plan, step)) is not None:
                 return self._finish(plan, PlanState.CANCELLED, Announcement.PLAN_FAILED, why)
+            asked = True
             if self.guard is not None:
                 verdict = self.guard.check(plan, step)
                 if verdict.kind is VerdictKind.BLOCK:

@@ -65,16 +65,21 @@ class Leases(Protocol):
 
 
 class LeaderElector:
-    """Acquires and renews one Lease; ``is_leader`` is true only while a renewal is fresh."""
+    """Acquires and renews one Lease; ``is_leader`` is true only while a renewal is fresh.
+
+    A held lease is renewed once it is ``renew_s`` old (client-go's retry period), not on every
+    tick: the healer ticks before each round, and a write per round would sit in front of every cordon.
+    """
 
     def __init__(self, leases: Leases, *, namespace: str, name: str, identity: str, duration_s: int = 15,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], renew_s: float = 2.0) -> None:
         self.leases = leases
         self.namespace = namespace
         self.name = name
         self.identity = identity
         self.duration_s = duration_s
         self.clock = clock
+        self.renew_s = min(renew_s, duration_s / 3)
         self._held: LeaseRecord | None = None
         self.on_change: Callable[[LeaseRecord | None], None] | None = None
 
@@ -93,6 +98,8 @@ class LeaderElector:
         now = self.clock()
         try:
             if self._held is not None:
+                if now - self._held.renew_time < self.renew_s:
+                    return True
                 self._set(self.leases.update(replace(self._held, renew_time=now)))
                 return True
             current = self.leases.get(self.namespace, self.name)

@@ -18,7 +18,9 @@ import copy
 import json
 import math
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, lo
 from analyzer.records import Finding, Incident
 from analyzer.rules import Rule, RuleError, default_rules_dir, load_rules
 from collector.bundle import BundleSource, LogFile
+from collector.bundle_time import is_dated, is_yearless, place_year
 from collector.metric_files import looks_like_scrape, scrape_signals, webhook_signals
 from collector.podmeta import parse_labels_file
 from collector.signal import LogLine, Signal
@@ -63,33 +66,47 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
     and the bundle's last timestamp (None for an empty bundle)."""
     signals: list[Signal] = []
     placements: set[tuple[str, str]] = set()
-    last_ts: float | None = None
+    ends: list[tuple[float, LogFile]] = []
+    files: list[tuple[LogFile, list[Signal]]] = []
     for f in source.files():
         fl = source.lines(f)
         metric = _metric_signals(f, fl.raw)  # the file as written, not its folded events
         if metric is not None:
             signals.extend(metric)
             if metric:
-                end = max(s.ts for s in metric)
-                last_ts = end if last_ts is None else max(last_ts, end)
+                ends.append((max(s.ts for s in metric), f))
             continue
         hit_lines: set[int] = _progress_lines(fl.texts, progress_rules)
         for start in range(0, len(fl.texts), BATCH_LINES):
             for hit in engine.scan(fl.texts[start:start + BATCH_LINES]):
                 hit_lines.add(start + hit.line)
         file_signals = [source.signal(fl, i) for i in sorted(hit_lines)]
-        signals.extend(file_signals)
+        files.append((f, file_signals))
         if fl.texts:
-            end = source.signal(fl, len(fl.texts) - 1).ts
-            last_ts = end if last_ts is None else max(last_ts, end)
+            ends.append((source.signal(fl, len(fl.texts) - 1).ts, f))
         # A pod's log shows where its job ran even when none of its lines matched a rule.
         probe = file_signals[:1] or ([source.signal(fl, 0)] if fl.texts else [])
         for sig in probe:
             line = sig.payload
             if isinstance(line, LogLine) and line.job and sig.node != "unknown":
                 placements.add((line.job, sig.node))
+    # Stamps without a year (syslog, glog) go into the year the bundle's dated lines say, else the file's mtime.
+    dated = [s.ts for s in signals if is_dated(s.ts)] + [s.ts for _, fs in files for s in fs if is_dated(s.ts)]
+    dated += [ts for ts, _ in ends if is_dated(ts)]  # a file's last line, matched by a rule or not
+    bundle_anchor = max(dated) if dated else None
+    for f, file_signals in files:
+        anchor = bundle_anchor if bundle_anchor is not None else _mtime(f)
+        signals.extend(replace(s, ts=place_year(s.ts, anchor)) if is_yearless(s.ts) else s for s in file_signals)
+    last = [place_year(ts, bundle_anchor if bundle_anchor is not None else _mtime(f)) if is_yearless(ts) else ts
+            for ts, f in ends]
     signals.sort(key=lambda s: s.ts)
-    return signals, placements, last_ts
+    return signals, placements, max(last) if last else None
+
+
+def _mtime(f: LogFile) -> float:
+    """When the file was last written (stdin: now)."""
+    path = Path(f.name)
+    return path.stat().st_mtime if f.name != "-" and path.is_file() else time.time()
 
 
 def _metric_signals(f: LogFile, texts: Sequence[str]) -> list[Signal] | None:

@@ -11,6 +11,11 @@ from collections.abc import Sequence
 from kmend.commands import agent, analyze, ctl, demo, evaluate, fluentbit, policy, rules, serve
 from kmend.errors import EXIT_CONFIG, ConfigError
 
+# Installed by the `service` extra only: the agent image and `pip install kmend` leave them out.
+SERVICE_ONLY = frozenset({"fastapi", "uvicorn", "starlette", "sqlalchemy", "alembic", "psycopg", "kubernetes",
+                          "sklearn", "pandas", "numpy", "fsspec", "upath", "s3fs", "jinja2", "multipart",
+                          "tenacity"})
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
@@ -52,6 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except ConfigError as exc:
         print(f"kmend: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVICE_ONLY:
+            raise
+        print(f"kmend: `kmend {args.command}` needs the service extra ({exc.name} is not installed): "
+              "pip install 'kmend[service]'", file=sys.stderr)
         return EXIT_CONFIG
     except BrokenPipeError:
         # `kmend analyze ... | head`: the reader left; that is not an error.

@@ -36,13 +36,19 @@ from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, S
 from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
-from healer.workloads import ObjectKey, Workloads
+from healer.workloads import ObjectKey, PodInfo, Workloads
 from kmend.metrics import Metrics
 from kmend.store import Store
 
 log = logging.getLogger("kmend.healer")
 
 ACTIVE = (IncidentState.OPEN, IncidentState.REMEDIATING)
+
+QUARANTINE = frozenset({StepKind.EVIDENCE, StepKind.CORDON, StepKind.TAINT, StepKind.LABEL, StepKind.CONDITION,
+                        StepKind.EVENT})
+"""The steps that take a node out of service (and keep the evidence first)."""
+AFTER_QUARANTINE = frozenset(StepKind) - QUARANTINE
+"""Everything a plan does once its node is out: drain, spare swap, restore, restart, repair, notify."""
 
 
 class Leader(Protocol):
@@ -65,7 +71,8 @@ class Healing:
     """Plans, executes and exposes the runbook operations. Thread-safe (one healing round at a time)."""
 
     def __init__(self, store: Store, ctx: StepContext, policy: PolicyFile, config: PolicyConfig, leader: Leader,
-                 metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None) -> None:
+                 metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None,
+                 resume_s: float = 1.0, resume_max_s: float = 30.0) -> None:
         self.store = store
         self.ctx = ctx
         self.policy = policy
@@ -73,13 +80,21 @@ class Healing:
         self.leader = leader
         self.metrics = metrics
         self.symptom_settle_s = symptom_settle_s
-        self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock)
+        self.resume_s = resume_s
+        """How soon a plan whose step waits is asked again (an answered request asks at once)."""
+        self.resume_max_s = resume_max_s
+        """The longest wait between two asks of a plan that makes no progress."""
+        self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock,
+                           quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
         self.executor = PlanExecutor(ctx, store, guard=self.guard, is_leader=leader.is_leader,
                                      on_step=self._count_step, on_plan=self._announce, **kwargs)
         self.lock = threading.RLock()
         self._first_seen: dict[str, float] = {}
         self._known_nodes: set[str] | None = None
+        self._due: dict[str, tuple[float, float]] = {}
+        """Per running plan: when it is asked again, and the wait that gave that time."""
+        self._accepted_at = float("-inf")
 
     @property
     def notifier(self) -> Notifier:
@@ -88,51 +103,109 @@ class Healing:
 
     # -- the loop -------------------------------------------------------------------------------------
 
-    def heal_once(self, incidents: Sequence[Incident],
-                  set_state: Callable[[str, IncidentState, str], None]) -> list[Plan]:
-        """Resume unfinished plans, then plan for new incidents; acts only while leading."""
+    def heal_once(self, incidents: Sequence[Incident], set_state: Callable[[str, IncidentState, str], None],
+                  *, interrupted: Callable[[], bool] = lambda: False) -> list[Plan]:
+        """Plan for new incidents, then resume unfinished plans that are due; acts only while leading.
+
+        New incidents come first: quarantining a failing node is the hot path, and plans already under
+        way are waiting on something outside (pods terminating, a repair) that a second's delay does not
+        change. Every new plan of the round quarantines its node before any of them drains one. A plan
+        whose step waits is asked again after ``resume_s``, twice as long each time nothing changed (up to
+        ``resume_max_s``), and at once when a request is answered. Once ``interrupted()`` says new work has
+        come, the round stops resuming plans so that the caller can start the next one.
+        """
         with self.lock:
             if not self.leader.tick():
                 self.metrics.leader.set(0)
                 return []
             self.metrics.leader.set(1)
-            touched = [self._run(p, set_state) for p in self.store.list_plans(state=PlanState.RUNNING.value)]
+            now = self.ctx.clock()
+            touched = self._plan_new(incidents, set_state, now, interrupted)
+            fresh = {p.id for p in touched}
+            running = self.store.list_plans(state=PlanState.RUNNING.value)
+            self._due = {p.id: self._due[p.id] for p in running if p.id in self._due}
+            # At least one plan per round goes on, however often new work interrupts: none waits forever.
+            resumed = 0
+            for p in running:
+                if p.id in fresh or self._due.get(p.id, (0.0, 0.0))[0] > now:
+                    continue
+                if resumed and interrupted():
+                    return touched
+                touched.append(self._resume(p, set_state, now))
+                resumed += 1
             # A plan saved but not yet started when the process died is picked up here.
             for p in self.store.list_plans(state=PlanState.PENDING.value):
+                if p.id in fresh:
+                    continue
+                if resumed and interrupted():
+                    return touched
+                resumed += 1
                 if p.mode is Mode.APPROVAL:
                     p = replace(p, state=PlanState.AWAITING_APPROVAL)
                     self.store.save_plan(p)
                     self._announce(Announcement.NEEDS_APPROVAL, p)
                     touched.append(p)
                 else:
-                    touched.append(self._run(p, set_state))
-            known = self.store.plan_ids()
-            now = self.ctx.clock()
-            for inc in incidents:
-                if inc.state not in ACTIVE or plan_id_for(inc) in known:
-                    continue
-                first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
-                if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
-                    continue  # the cause may still arrive (kernel logs can lag container logs)
-                # Soft evidence may wait for many rounds: decide that before asking the cluster anything.
-                if (wait := explain(inc, self.policy, now).evidence_wait) is not None:
-                    log.debug("incident %s: no plan yet: %s", inc.id, wait)
-                    continue
-                ctx = self._context(inc, now)
-                if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
-                    continue
-                plan = choose_plan(inc, self.policy, self.config, ctx)
-                self.store.save_plan(plan)
-                self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
-                self._announce(Announcement.PLAN_CREATED, plan)
-                if plan.mode is Mode.APPROVAL:
-                    plan = replace(plan, state=PlanState.AWAITING_APPROVAL)
-                    self.store.save_plan(plan)
-                    self._announce(Announcement.NEEDS_APPROVAL, plan)
-                else:
-                    plan = self._run(plan, set_state)
-                touched.append(plan)
+                    touched.append(self._resume(p, set_state, now))
+            if interrupted() and now - self._accepted_at < self.resume_max_s:
+                return touched
+            self._accepted_at = now
             return touched + self._accept_nodes(now)
+
+    def _plan_new(self, incidents: Sequence[Incident], set_state: Callable[[str, IncidentState, str], None],
+                  now: float, interrupted: Callable[[], bool]) -> list[Plan]:
+        """Plans for incidents that have none yet; automatic ones quarantine their nodes first, all of them.
+
+        The rest of each plan follows in the same round unless new work has come meanwhile: then it is left
+        to the resumes of the next rounds, after that work's quarantines.
+        """
+        known = self.store.plan_ids()
+        made: list[Plan] = []
+        for inc in incidents:
+            if inc.state not in ACTIVE or plan_id_for(inc) in known:
+                continue
+            first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
+            if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
+                continue  # the cause may still arrive (kernel logs can lag container logs)
+            # Soft evidence may wait for many rounds: decide that before asking the cluster anything.
+            if (wait := explain(inc, self.policy, now).evidence_wait) is not None:
+                log.debug("incident %s: no plan yet: %s", inc.id, wait)
+                continue
+            ctx = self._context(inc, now)
+            if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
+                continue
+            plan = choose_plan(inc, self.policy, self.config, ctx)
+            self.store.save_plan(plan)
+            self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
+            if plan.mode is Mode.APPROVAL:
+                self._announce(Announcement.PLAN_CREATED, plan)
+                plan = replace(plan, state=PlanState.AWAITING_APPROVAL)
+                self.store.save_plan(plan)
+                self._announce(Announcement.NEEDS_APPROVAL, plan)
+            elif plan.mode is Mode.AUTO:
+                # Cordon, taint, label, condition, Event: the node is out before anything slower runs, the
+                # announcement too (a webhook that answers slowly must not hold the cordon back).
+                plan = self.executor.execute(plan, stop_before=AFTER_QUARANTINE)
+                self._announce(Announcement.PLAN_CREATED, plan)
+            else:
+                self._announce(Announcement.PLAN_CREATED, plan)
+            made.append(plan)
+        if interrupted():
+            return [self._settle(p, set_state) for p in made]
+        return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
+                else self._settle(p, set_state) for p in made]
+
+    def _resume(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None], now: float) -> Plan:
+        done = self._run(plan, set_state)
+        if done.state is PlanState.RUNNING:
+            # Backing off while nothing changes keeps a hundred plans waiting on repairs from filling every round.
+            last = self._due.get(done.id)
+            same = last is not None and done.steps == plan.steps
+            wait = min(last[1] * 2, self.resume_max_s) if last is not None and same else self.resume_s
+            self._due[done.id] = (now + wait, wait)
+        else:
+            self._due.pop(done.id, None)
+        return done
 
     def _accept_nodes(self, now: float) -> list[Plan]:
         """Start the health check of nodes that are new or back from repair."""
@@ -171,7 +244,11 @@ class Healing:
         return out
 
     def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
-        done = self.executor.execute(plan)
+        return self._settle(self.executor.execute(plan), set_state)
+
+    @staticmethod
+    def _settle(done: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
+        """The incident follows its plan: remediating once the node is quarantined, resolved once it is back."""
         if done.incident_id:
             quarantined = any(s.kind is StepKind.EVENT and s.state is StepState.SUCCEEDED for s in done.steps)
             if done.state is PlanState.SUCCEEDED and any(s.node for s in done.steps if s.kind is StepKind.RETURN):
@@ -193,13 +270,16 @@ class Healing:
             except NotFoundError:
                 pass
         job = inc.root_cause.job
+        on_node: list[PodInfo] = []
         if node and inc.hardware:
             # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
-            bound = jobs_bound(self.ctx.workloads.list_pods(node=node))
+            on_node = [p for p in self.ctx.workloads.list_pods(node=node) if p.node and not p.terminating]
+            bound = jobs_bound(on_node)
             job = job if job in bound else (bound[0] if len(bound) == 1 else "")
         namespace = None
         if job:
-            pods = pods_of_job(self.ctx.workloads.list_pods(), job)
+            # Job names repeat across namespaces: the one whose pod runs on the node is the one hurt.
+            pods = pods_of_job(on_node, job) or pods_of_job(self.ctx.workloads.list_pods(), job)
             if pods:
                 namespace = pods[0].namespace
                 opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, job,
@@ -354,4 +434,5 @@ class Healing:
             raise KeyError(request_id)
         answered = self.store.ledger.answer(request_id, state, result)
         assert answered is not None
+        self._due.clear()  # the plan waiting on it goes on in the next round
         return answered

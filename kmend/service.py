@@ -16,7 +16,7 @@ from analyzer.detectors.hang import HangConfig
 from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
-from analyzer.metric_eval import SignalEvaluator
+from analyzer.metric_eval import SeriesState, SignalEvaluator
 from analyzer.metric_rules import SignalRules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
@@ -57,6 +57,8 @@ class HealerConfig:
     """Loop period when nothing wakes it."""
     detector_interval_s: float = 1.0
     """How often the detectors (hang, straggler, Flight Recorder) are evaluated."""
+    resume_s: float = 1.0
+    """How often a plan whose step waits (pods terminating, a repair) is asked again."""
     quiet_resolve_s: float = 21600.0
     """An open incident with no new finding for this long resolves on its own (0: never)."""
     retention: Retention = field(default_factory=Retention)
@@ -118,7 +120,8 @@ class Kmend:
                           reservations=scheduler.reservations if scheduler else None,
                           checkpoint_roots=None if checkpoint_roots is None else tuple(checkpoint_roots))
         self.healing = Healing(store, ctx, ctx.policy, self.healer.policy, leader or AlwaysLeader(), self.metrics,
-                               symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep)
+                               symptom_settle_s=self.healer.symptom_settle_s, sleep=sleep,
+                               resume_s=self.healer.resume_s)
         self._lock = threading.RLock()
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
@@ -129,6 +132,9 @@ class Kmend:
     def start(self) -> None:
         """Migrate the schema and rebuild in-memory state from the store."""
         self.store.migrate()
+        # Counters go on from their last stored sample: an increase across the restart is found, and
+        # a counter that did not move is not an increase from zero.
+        self.signals.restore(self.store.metric_series())
         self.rebuild()
         self.ready = True
 
@@ -157,8 +163,16 @@ class Kmend:
         """Store and analyze a batch; repeated ids, or a numbered batch already taken (`origin`), are ignored."""
         with self._lock, self.metrics.batch_seconds.time():
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
+            changed: list[SeriesState] = []
+
+            def series() -> list[SeriesState]:
+                # Taken once per batch: a retried transaction writes the same states again.
+                if not changed:
+                    changed.extend(self.signals.take_changed())
+                return changed
+
             try:
-                outcome = retrying(lambda: self.store.ingest(signals, analyse, origin), self._retry_sleep)
+                outcome = retrying(lambda: self.store.ingest(signals, analyse, series, origin), self._retry_sleep)
             except Exception:
                 # Not transient, or still failing: the correlator may hold findings never stored: rebuild it.
                 self.rebuild()
@@ -222,11 +236,11 @@ class Kmend:
         self._count(outcome)
         return outcome
 
-    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str) -> None:
+    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
         with self._lock:
             t = self.detector_now()
-            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text,
+            self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
                                                       source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
         self._wake.set()
 
@@ -305,11 +319,14 @@ class Kmend:
 
     # -- healing ---------------------------------------------------------------------
 
-    def heal_once(self) -> list[Plan]:
-        """Plan for new incidents and run runnable plans; returns the plans touched."""
+    def heal_once(self, *, interrupted: Callable[[], bool] = lambda: False) -> list[Plan]:
+        """Plan for new incidents and run runnable plans; returns the plans touched.
+
+        ``interrupted`` tells the round that new work has come: it stops resuming older plans.
+        """
         with self._lock:
             incidents = self.analyzer.correlator.active()
-        return self.healing.heal_once(incidents, self.set_incident_state)
+        return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
@@ -335,6 +352,9 @@ class Kmend:
     def run_healer(self, stop: threading.Event) -> None:
         """Healer loop: runs until `stop` is set; a failing round is logged, never fatal."""
         while not stop.is_set():
+            # Cleared before the round reads incidents: a wake during the round starts the next one at once,
+            # and tells this one to leave older plans for later.
+            self._wake.clear()
             try:
                 if self.clock() >= self._next_evaluation:
                     self._next_evaluation = self.clock() + self.healer.detector_interval_s
@@ -342,7 +362,7 @@ class Kmend:
             except Exception:
                 log.exception("detector evaluation failed")
             try:
-                self.heal_once()
+                self.heal_once(interrupted=self._wake.is_set)
                 self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
@@ -359,7 +379,6 @@ class Kmend:
                 except Exception:
                     log.exception("metrics refresh failed")
             self._wake.wait(self.healer.interval_s)
-            self._wake.clear()
 
     # -- views -------------------------------------------------------------------------
 

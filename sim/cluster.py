@@ -95,9 +95,10 @@ class SimCluster:
 
     # -- the Cluster port ------------------------------------------------------
 
-    def list_nodes(self) -> Sequence[NodeInfo]:
+    def list_nodes(self, labels: Mapping[str, str] | None = None) -> Sequence[NodeInfo]:
         with self._lock:
-            return [self._info(n) for n in sorted(self._nodes.values(), key=lambda n: n.name)]
+            nodes = [self._info(n) for n in sorted(self._nodes.values(), key=lambda n: n.name)]
+        return [n for n in nodes if all(n.labels.get(k) == v for k, v in (labels or {}).items())]
 
     def get_node(self, name: str) -> NodeInfo:
         with self._lock:

@@ -20,6 +20,15 @@ from analyzer.rules import Rule, default_rules_dir, load_rules
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long tests (real trainers, real servers) first: on two workers they then overlap the quick ones instead
+    of running one after another at the end of the run. The order within each group is kept."""
+    def weight(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("realjob") else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=weight)
+
+
 def free_port() -> int:
     """A free TCP port on loopback."""
     with socket.socket() as s:

@@ -12,8 +12,11 @@ bound; pod lists carry the current ``resourceVersion`` and ``watch=true`` stream
 pod changes from it (``tests/fake_watch.py``); PodGroup custom objects once their
 CRD is installed. Errors can be queued per method and path to test retries. What
 the Workloads port uses (pod create/patch/eviction, ConfigMaps, Jobs, budgets,
-other custom objects) is in ``tests/fake_apiserver_objects.py``. Every request is
-recorded (``requests``) so tests can derive the RBAC verbs a component needs.
+other custom objects) is in ``tests/fake_apiserver_objects.py``, pods and bindings in ``tests/fake_pods.py``,
+RBAC in ``tests/fake_rbac.py``. Every write is field-validated against the v1.36 schema by its
+``fieldValidation`` mode (``tests/fake_schema.py``) and checked as the API server's own validation checks it
+(``tests/fake_rules.py``). Every request is recorded (``requests``) so tests can derive the RBAC verbs a
+component needs.
 """
 
 from __future__ import annotations
@@ -31,50 +34,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests import fake_schema
+from tests import fake_rules, fake_schema
 from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
+from tests.fake_pods import pod_routes
+from tests.fake_rbac import RoleRules
 from tests.fake_watch import PodWatchLog
-
-
-class RoleRules:
-    """A ServiceAccount's bearer token and the rules of the ClusterRole bound to it (RBAC as a real server
-    enforces it: group, resource[/subresource] and verb must all be granted)."""
-
-    def __init__(self, rules: list[dict[str, Any]], *, token: str, user: str) -> None:
-        self.rules = rules
-        self.token = token
-        self.user = user
-
-    @classmethod
-    def from_manifest(cls, path: Any, role: str, *, token: str, user: str) -> RoleRules:
-        """The rules of ClusterRole `role` in a manifest file."""
-        import yaml
-
-        with open(path) as fh:
-            docs = [d for d in yaml.safe_load_all(fh.read()) if d]
-        [cr] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == role]
-        return cls(cr["rules"], token=token, user=user)
-
-    def allows(self, group: str, resource: str, verb: str) -> bool:
-        """Whether some rule grants the verb on the resource."""
-        return any((group in r.get("apiGroups", []) or "*" in r.get("apiGroups", []))
-                   and (resource in r.get("resources", []) or "*" in r.get("resources", []))
-                   and (verb in r.get("verbs", []) or "*" in r.get("verbs", [])) for r in self.rules)
-
-    def refuse(self, authorization: str | None, method: str, path: str) -> tuple[int, dict[str, Any]] | None:
-        """401 without the token, 403 (with the real server's message) for what the role does not grant."""
-        if authorization != f"Bearer {self.token}":
-            return _status(401, "Unauthorized", "Unauthorized")
-        v = rbac_verb(method, path)
-        if v is None or self.allows(*v):
-            return None
-        group, resource, verb = v
-        parts = path.strip("/").split("/")
-        scope = f'in the namespace "{parts[parts.index("namespaces") + 1]}"' if "namespaces" in parts[:-1] \
-            else "at the cluster scope"
-        base = resource.split("/")[0]
-        return _status(403, "Forbidden", f'{base} is forbidden: User "{self.user}" cannot {verb} resource '
-                                         f'"{resource}" in API group "{group}" {scope}')
 
 
 class FakeApiServer:
@@ -91,6 +55,11 @@ class FakeApiServer:
         self.events: list[dict[str, Any]] = []
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
+        self.warnings: list[str] = []
+        """Field-validation warnings answered (unknown fields written without ``fieldValidation=Strict``)."""
+        self.lax_writes: list[str] = []
+        """Writes of built-in objects sent without ``fieldValidation=Strict`` (a real server drops unknown fields
+        from them with no more than a warning)."""
         self._errors: deque[tuple[str, re.Pattern[str], int, str]] = deque()
         self._lock = threading.Lock()
         self.watch = PodWatchLog(self._lock)
@@ -100,13 +69,21 @@ class FakeApiServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keep-alive with replies sent at once, as a real API server answers: a client that reuses its
+            # connections pays no connect per request, and one that does not is seen to pay it.
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
             def log_message(self, *args: Any) -> None:
                 return None
 
-            def _send(self, code: int, body: dict[str, Any]) -> None:
+            def _send(self, code: int, body: dict[str, Any], warning: str | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
+                if warning is not None:
+                    escaped = warning.replace('"', '\\"')
+                    self.send_header("Warning", f'299 - "{escaped}"')  # as the API server quotes it
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -128,8 +105,18 @@ class FakeApiServer:
                 if watching and path == "/api/v1/pods":
                     server.watch.serve(self, query)
                     return
-                code, out = server.handle(method, path, body, self.headers.get("Content-Type", ""), query)
-                self._send(code, out)
+                ctype = self.headers.get("Content-Type", "")
+                refused, warning = fake_schema.field_check(method, path, body, ctype, query)
+                refused = refused or fake_rules.refusal(method, path, body, ctype)
+                if refused is not None:
+                    self._send(*refused)
+                    return
+                if warning is not None:
+                    server.warnings.append(f"{method} {path}: {warning}")
+                if query.get("fieldValidation") != "Strict" and fake_schema.checked_write(method, path, ctype):
+                    server.lax_writes.append(f"{method} {path}")
+                code, out = server.handle(method, path, body, ctype, query)
+                self._send(code, out, warning)
 
             def do_GET(self) -> None:
                 self._handle("GET")
@@ -146,7 +133,7 @@ class FakeApiServer:
             def do_PUT(self) -> None:
                 self._handle("PUT")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -176,8 +163,11 @@ class FakeApiServer:
 
     def add_pod(self, namespace: str, name: str, *, scheduler: str = "default-scheduler", node: str = "",
                 requests: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-                phase: str = "Pending", owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """Create a pod directly (as a controller would; a kubelet sets ``phase``) and return the stored object."""
+                phase: str = "Pending", owners: list[dict[str, Any]] | None = None,
+                gates: list[str] | None = None) -> dict[str, Any]:
+        """Create a pod directly (as a controller would; a kubelet sets ``phase``) and return the stored object.
+
+        ``gates`` are its ``spec.schedulingGates`` (a queue such as Kueue holds pods back with one)."""
         with self._lock:
             pod = {"kind": "Pod", "apiVersion": "v1",
                    "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
@@ -189,6 +179,8 @@ class FakeApiServer:
                    "status": {"phase": phase}}
             if node:
                 pod["spec"]["nodeName"] = node
+            if gates:
+                pod["spec"]["schedulingGates"] = [{"name": g} for g in gates]
             self.pods[(namespace, name)] = pod
             self.watch.record("ADDED", pod)
             self.workload.namespaces.setdefault(namespace, {})
@@ -284,7 +276,7 @@ class FakeApiServer:
             workload = self.workload.route(method, path, body, query or {})
             if workload is not None:
                 return workload
-            pods = _pod_routes(self, method, path, body, ctype, query or {})
+            pods = pod_routes(self, method, path, body, ctype, query or {})
             if pods is not None:
                 return pods
             return self._route(method, path, body, ctype)
@@ -335,8 +327,6 @@ class FakeApiServer:
             involved = ev.get("involvedObject", {})
             if not involved.get("name"):
                 return self._status(422, "Invalid", "involvedObject.name: Required value")
-            if bad := fake_schema.refusal("Event", "v1", body):
-                return self._status(bad[0], "BadRequest" if bad[0] == 400 else "Invalid", bad[1])
             if refusal := _event_namespace_refusal(ev):
                 return self._status(422, "Invalid", refusal)
             self.events.append(ev)
@@ -395,9 +385,6 @@ class FakeApiServer:
             if "unschedulable" in spec:
                 node["spec"]["unschedulable"] = bool(spec["unschedulable"])
             if "taints" in spec:
-                for t in spec["taints"]:
-                    if set(t) - {"key", "value", "effect", "timeAdded"}:
-                        return self._status(400, "BadRequest", f"unknown field in taint: {sorted(t)}")
                 node["spec"]["taints"] = spec["taints"]
             for key in ("labels", "annotations"):
                 if key in body.get("metadata", {}):
@@ -408,6 +395,12 @@ class FakeApiServer:
 
 
 _MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
+
+
+class _Server(ThreadingHTTPServer):
+    # A real server's accept queue is deep; the default of 5 drops connections under a burst of parallel
+    # clients, and each dropped SYN costs the client a one-second retransmit.
+    request_queue_size = 1024
 
 
 def _now() -> str:
@@ -426,127 +419,3 @@ def _event_namespace_refusal(ev: dict[str, Any]) -> str | None:
         return None
     return (f'Event "{ev["metadata"]["name"]}" is invalid: involvedObject.namespace: '
             f'Invalid value: "{involved}": does not match event.namespace')
-
-
-def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
-    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
-                  "message": message, "code": code}
-
-
-_FIELDS = {"spec.schedulerName": lambda p: p["spec"].get("schedulerName", ""),
-           "spec.nodeName": lambda p: p["spec"].get("nodeName", ""),
-           "status.phase": lambda p: p.get("status", {}).get("phase", ""),
-           "metadata.name": lambda p: p["metadata"]["name"],
-           "metadata.namespace": lambda p: p["metadata"]["namespace"]}
-
-
-def _selector(text: str) -> tuple[list[tuple[str, bool, str]], str]:
-    """Parse ``a=b,c!=d``; the error names an unsupported field as the API server does."""
-    terms: list[tuple[str, bool, str]] = []
-    for part in filter(None, text.split(",")):
-        negate = "!=" in part
-        key, _, value = part.partition("!=" if negate else "=")
-        key = key.rstrip("=")
-        value = value.lstrip("=")
-        if key not in _FIELDS:
-            return [], f'field label not supported: {key}'
-        terms.append((key, negate, value))
-    return terms, ""
-
-
-def _page(items: list[dict[str, Any]], kind: str, query: dict[str, str],
-          version: int = 1) -> tuple[int, dict[str, Any]]:
-    start = int(query.get("continue") or 0)
-    limit = int(query.get("limit") or 0)
-    end = start + limit if limit else len(items)
-    meta: dict[str, Any] = {"resourceVersion": str(version)}
-    if end < len(items):
-        meta["continue"] = str(end)
-    return 200, {"kind": kind, "apiVersion": "v1", "metadata": meta,
-                 "items": [copy.deepcopy(x) for x in items[start:end]]}
-
-
-def _pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: str,
-                query: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
-    """Pods, bindings and PodGroups; None for paths the node routes serve. Caller holds the lock."""
-    if path == "/api/v1/pods" and method == "GET":
-        terms, error = _selector(query.get("fieldSelector", ""))
-        if error:
-            return _status(400, "BadRequest", error)
-        items = [p for _, p in sorted(server.pods.items())
-                 if all((_FIELDS[k](p) == v) != neg for k, neg, v in terms)]
-        return _page(items, "PodList", query, server.watch.version)
-    if path == "/api/v1/nodes" and method == "GET":
-        return _page([server.nodes[n] for n in sorted(server.nodes)], "NodeList", query)
-    m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?", path)
-    if m:
-        key = (m.group(1), m.group(2))
-        pod = server.pods.get(key)
-        if pod is None:
-            return _status(404, "NotFound", f'pods "{key[1]}" not found')
-        if m.group(3) and method == "POST":
-            code, out = _bind(pod, body)
-            if code == 201:
-                server.pod_changed("MODIFIED", pod)
-            return code, out
-        if not m.group(3) and method == "GET":
-            return 200, copy.deepcopy(pod)
-        if not m.group(3) and method == "DELETE":
-            want = ((body or {}).get("preconditions") or {}).get("uid")
-            if want and want != pod["metadata"]["uid"]:
-                return _status(409, "Conflict", f"Precondition failed: UID in precondition: {want}, "
-                                                f"UID in object meta: {pod['metadata']['uid']}")
-            if pod["spec"].get("nodeName") and pod["status"].get("phase") not in ("Succeeded", "Failed"):
-                # A kubelet must stop it first: the object stays, terminating, with its resources.
-                pod["metadata"].setdefault("deletionTimestamp", _now())
-                pod["metadata"].setdefault("deletionGracePeriodSeconds", 30)
-                server.pod_changed("MODIFIED", pod)
-            else:
-                del server.pods[key]
-                server.pod_changed("DELETED", pod)
-            return 200, copy.deepcopy(pod)
-        return _status(405, "MethodNotAllowed", f"{method} is not supported on {path}")
-    m = re.fullmatch(r"/apis/([^/]+)/([^/]+)(?:/namespaces/([^/]+))?/podgroups(?:/([^/]+))?(/status)?", path)
-    if m:
-        store = server.custom.get((m.group(1), m.group(2)))
-        if store is None:
-            return _status(404, "NotFound", f"the server could not find the requested resource {path}")
-        if m.group(4) is None and method == "GET":
-            items = [g for (ns, _), g in sorted(store.items()) if m.group(3) in (None, ns)]
-            return _page(items, "PodGroupList", query)
-        group = store.get((m.group(3) or "", m.group(4) or ""))
-        if group is None:
-            return _status(404, "NotFound", f'podgroups.{m.group(1)} "{m.group(4)}" not found')
-        if method == "PATCH":
-            if "merge-patch" not in ctype:
-                return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
-            part = "status" if m.group(5) else "metadata"
-            if part == "status":
-                group["status"] = {**group.get("status", {}), **(body or {}).get("status", {})}
-            else:
-                notes = {**group["metadata"].get("annotations", {}),
-                         **((body or {}).get("metadata") or {}).get("annotations", {})}
-                group["metadata"]["annotations"] = {k: v for k, v in notes.items() if v is not None}
-            return 200, copy.deepcopy(group)
-        if method == "GET":
-            return 200, copy.deepcopy(group)
-    return None
-
-
-def _bind(pod: dict[str, Any], body: Any) -> tuple[int, dict[str, Any]]:
-    name = pod["metadata"]["name"]
-    target = (body or {}).get("target") or {}
-    if not target.get("name"):
-        return _status(422, "Invalid", "target.name: Required value")
-    want = ((body or {}).get("metadata") or {}).get("uid")
-    if want and want != pod["metadata"]["uid"]:
-        return _status(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": the UID in the '
-                                        f"precondition ({want}) does not match the UID in record "
-                                        f"({pod['metadata']['uid']}). The object might have been deleted and "
-                                        "then recreated")
-    if pod["metadata"].get("deletionTimestamp"):
-        return _status(409, "Conflict", f"pod {name} is being deleted, cannot be assigned to a host")
-    if pod["spec"].get("nodeName"):
-        return _status(409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"')
-    pod["spec"]["nodeName"] = target["name"]
-    return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}

@@ -153,7 +153,7 @@ def test_agent_and_service_lose_nothing_and_duplicate_nothing(tmp_path: Path) ->
         w1.compress(second)
         agent.start()
         burst()
-        wait_for(lambda: stored_count() == len(faults), 40, "after agent restart")
+        wait_for(lambda: stored_count() == len(faults), 90, "after agent restart")
         time.sleep(1.0)  # anything late would show up now
     finally:
         agent.stop()

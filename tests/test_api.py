@@ -112,6 +112,19 @@ def test_malformed_batch_is_rejected_whole_with_the_field_named(served: Served) 
     assert r.status_code == 422
 
 
+def test_a_progress_samples_world_size_reaches_the_detectors_and_a_bad_one_is_named(served: Served) -> None:
+    from collector.signal import ProgressSample, Signal, Source
+
+    sample = Signal("gpu-node-01/progress/w/0/1", "gpu-node-01", Source.PROGRESS, T0,
+                    ProgressSample("elastic", 0, 1, 0.5, world_size=4))
+    assert served.post([sample]).status_code == 200
+    assert served.kmend.detectors.book.jobs["elastic"].world_size == 4
+    bad = to_wire(sample)
+    bad["id"], bad["payload"]["world_size"] = "gpu-node-01/progress/w/0/2", 0
+    r = served.client.post("/v1/signals", json={"signals": [bad]})
+    assert r.status_code == 422 and "signals.0.payload.progress.world_size" in r.json()["detail"]
+
+
 def test_redelivered_signals_are_accepted_and_ignored(served: Served) -> None:
     batch = [kernel("gpu-node-05", XID79, ts=T0)]
     first = served.post(batch).json()

@@ -44,14 +44,14 @@ def test_a_replayed_numbered_batch_is_recognised_by_its_number(database_url: str
         return (*an.process(s), an.correlator.take_merges())
 
     batch = [*_lines(5), kernel("gpu-node-01", XID79, ts=T0 + 6)]
-    first = store.ingest(batch, analyse, ("gpu-node-01/a1", 1))
+    first = store.ingest(batch, analyse, origin=("gpu-node-01/a1", 1))
     assert (first.accepted, first.duplicates, len(first.findings)) == (6, 0, 1)
-    again = store.ingest(batch, analyse, ("gpu-node-01/a1", 1))
+    again = store.ingest(batch, analyse, origin=("gpu-node-01/a1", 1))
     assert (again.accepted, again.duplicates, again.findings, again.incidents) == (0, 6, (), ())
-    assert store.ingest(_lines(9, 5), analyse, ("gpu-node-01/a1", 2)).accepted == 4
-    assert store.ingest(_lines(3), analyse, ("gpu-node-01/a1", 1)).accepted == 0  # older than the last
+    assert store.ingest(_lines(9, 5), analyse, origin=("gpu-node-01/a1", 2)).accepted == 4
+    assert store.ingest(_lines(3), analyse, origin=("gpu-node-01/a1", 1)).accepted == 0  # older than the last
     # Another process of the same agent (a restart) numbers from 1 again under its own name.
-    assert store.ingest(_lines(12, 9), analyse, ("gpu-node-01/b2", 1)).accepted == 3
+    assert store.ingest(_lines(12, 9), analyse, origin=("gpu-node-01/b2", 1)).accepted == 3
     with store.engine.connect() as conn:
         marks = dict(conn.execute(select(schema.producers.c.id, schema.producers.c.seq)).all())
     assert marks == {"gpu-node-01/a1": 2, "gpu-node-01/b2": 1}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.builders import XID79, kernel
@@ -32,6 +33,7 @@ def _context_file(tmp: Path, server: str) -> None:
                      {"name": "reader", "server": server, "token": "agent-token"}]}))
 
 
+@pytest.mark.slow
 def test_operator_lists_describes_and_approves_a_plan(tmp_path: Path) -> None:
     with _serve(tmp_path, require_approval=True) as s:
         _context_file(tmp_path, str(s.client.base_url))

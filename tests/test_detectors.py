@@ -99,6 +99,23 @@ def test_a_short_hiccup_start_up_and_a_finished_run_are_not_hangs() -> None:
     assert drive(DetectorSuite(), batches, until=job.ts + 10) == []
 
 
+@pytest.mark.parametrize(("step_s", "stall_s", "hiccup_s"), [(1.0, 6.0, 5.0), (2.0, 6.0, 4.0)])
+def test_long_gaps_a_healthy_fast_job_makes_are_no_hang(progress_rules: list[ProgressRule], step_s: float,
+                                                        stall_s: float, hiccup_s: float) -> None:
+    # The false-alarm fleet's healthy noise at its worst: a checkpoint, then an unannounced stall, then a step
+    # with a data-loader hiccup: about 12 s without progress, which the default 10 s floor called a hang.
+    job = TraceJob("j", world=8, step_s=step_s, hiccup_p=0.0, seed=8)
+    batches = job.run(int(600 / step_s))
+    batches += job.pause(60)
+    job.ts += stall_s
+    job.hiccup_p, job.hiccup_s = 1.0, (hiccup_s, hiccup_s)
+    batches += job.run(1)
+    job.hiccup_p = 0.0
+    batches += job.run(30)
+    batches.append(job.finish())
+    assert drive(DetectorSuite(progress_rules), batches, until=job.ts + 60) == []
+
+
 def test_one_stall_is_reported_once_and_a_new_stall_again() -> None:
     job = TraceJob("j", world=8, step_s=1.0, seed=6)
     batches = job.run(10)

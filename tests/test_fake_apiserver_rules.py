@@ -10,6 +10,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -154,16 +155,167 @@ def test_pod_in_a_namespace_without_its_service_account_is_403(
     assert ("team-a", "w-0") in server.pods
 
 
-def test_unknown_field_in_a_written_object_is_refused_with_its_path(
+def _raw(server: FakeApiServer, method: str, path: str, body: object, ctype: str = "application/json",
+         strict: bool = True) -> tuple[int, dict[str, Any], str | None]:
+    """A request as JSON, bypassing the typed client (which would refuse unknown fields before sending)."""
+    query = "?fieldValidation=Strict" if strict else ""
+    request = urllib.request.Request(f"{server.url}{path}{query}", method=method, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": ctype})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status, json.loads(resp.read()), resp.headers.get("Warning")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()), err.headers.get("Warning")
+
+
+_NODE_EVENT = {"metadata": {"generateName": "gpu-1.", "namespace": "default"}, "reason": "Test",
+               "involvedObject": {"kind": "Node", "name": "gpu-1", "nodeName": "gpu-1"}}
+
+
+def test_unknown_field_in_a_strict_create_is_400_with_its_path(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    code, out, _ = _raw(server, "POST", "/api/v1/namespaces/default/events", _NODE_EVENT)
+    assert code == 400 and out["message"] == ('Event in version "v1" cannot be handled as a Event: '
+                                              'strict decoding error: unknown field "involvedObject.nodeName"')
+    assert server.events == []
+
+
+def test_unknown_field_without_strict_is_dropped_with_a_warning(
         core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
     server, _ = core
-    body = {"metadata": {"generateName": "gpu-1.", "namespace": "default"}, "reason": "Test",
-            "involvedObject": {"kind": "Node", "name": "gpu-1", "nodeName": "gpu-1"}}
-    # Raw HTTP: the typed client would refuse the unknown field before sending it.
-    request = urllib.request.Request(f"{server.url}/api/v1/namespaces/default/events", method="POST",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(request, timeout=5)
-    assert err.value.code == 400
-    assert json.loads(err.value.read())["message"] == 'strict decoding error: unknown field "involvedObject.nodeName"'
-    assert server.events == []
+    code, _, warning = _raw(server, "POST", "/api/v1/namespaces/default/events", _NODE_EVENT, strict=False)
+    assert code == 201 and warning == r'299 - "unknown field \"involvedObject.nodeName\""'
+    [ev] = server.events
+    assert "nodeName" not in ev["involvedObject"]
+
+
+def test_unknown_field_in_a_strict_node_patch_is_422_with_its_path(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    code, out, _ = _raw(server, "PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [
+        {"key": "kmend.io/fault", "effect": "NoSchedule", "reason": "xid"}]}}, "application/strategic-merge-patch+json")
+    assert code == 422 and 'strict decoding error: unknown field "spec.taints[0].reason"' in out["message"]
+    assert server.nodes["gpu-1"]["spec"]["taints"] == []
+
+
+def test_unknown_field_in_a_strict_node_status_patch_is_422(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    code, out, _ = _raw(server, "PATCH", "/api/v1/nodes/gpu-1/status", {"status": {"conditions": [
+        {"type": "KmendHealthy", "status": "False", "since": "now"}]}}, "application/strategic-merge-patch+json")
+    assert code == 422 and 'unknown field "status.conditions[0].since"' in out["message"]
+    assert "KmendHealthy" not in {c["type"] for c in server.nodes["gpu-1"]["status"]["conditions"]}
+
+
+def test_a_patch_may_remove_keys_and_leave_out_required_fields(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    code, _, _ = _raw(server, "PATCH", "/api/v1/nodes/gpu-1/status", {"status": {"conditions": [
+        {"type": "KmendHealthy", "message": "no status given"}]}}, "application/strategic-merge-patch+json")
+    assert code == 200
+    code, _, _ = _raw(server, "PATCH", "/api/v1/nodes/gpu-1", {"metadata": {"labels": {"gone": None}},
+                                                              "spec": {"unschedulable": True}},
+                      "application/strategic-merge-patch+json")
+    assert code == 200 and server.nodes["gpu-1"]["spec"]["unschedulable"] is True
+
+
+def test_wrong_type_in_a_patch_is_422_naming_the_field_in_any_mode(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    code, out, _ = _raw(server, "PATCH", "/api/v1/nodes/gpu-1", {"spec": {"unschedulable": "yes"}},
+                        "application/strategic-merge-patch+json", strict=False)
+    assert code == 422 and "spec.unschedulable" in out["message"]
+    assert not server.nodes["gpu-1"]["spec"].get("unschedulable")
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), [
+    ("POST", "/api/v1/namespaces/team-a/pods/w-0/binding",
+     {"metadata": {"name": "w-0"}, "target": {"kind": "Node", "name": "gpu-1", "node": "gpu-1"}}, "target.node"),
+    ("POST", "/api/v1/namespaces/team-a/pods/w-0/eviction",
+     {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "w-0"}, "deleteOptions": {"grace": 5}},
+     "deleteOptions.grace"),
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/kmend-system/leases",
+     {"metadata": {"name": "kmend"}, "spec": {"holder": "a"}}, "spec.holder"),
+    ("POST", "/api/v1/namespaces/team-a/configmaps",
+     {"metadata": {"name": "llama-kmend-resume"}, "values": {"a": "b"}}, "values"),
+    ("PATCH", "/api/v1/namespaces/team-a/configmaps/llama-kmend-resume", {"datas": {"a": "b"}}, "datas"),
+    ("POST", "/apis/batch/v1/namespaces/kmend-system/jobs",
+     {"metadata": {"name": "kmend-validate-1"}, "spec": {"template": {"spec": {"node": "gpu-1"}}}},
+     "spec.template.spec.node"),
+])
+def test_unknown_field_in_other_objects_kmend_writes_is_refused_when_strict(
+        core: tuple[FakeApiServer, client.CoreV1Api], method: str, path: str, body: dict[str, object],
+        field: str) -> None:
+    server, _ = core
+    server.add_pod("team-a", "w-0", node="gpu-1", phase="Running")
+    code, out, _ = _raw(server, method, path, body, "application/merge-patch+json" if method == "PATCH"
+                        else "application/json")
+    assert (code, f'strict decoding error: unknown field "{field}"' in out["message"]) == (
+        422 if method == "PATCH" else 400, True)
+    assert not server.pods[("team-a", "w-0")]["metadata"].get("deletionTimestamp")
+
+
+@pytest.mark.parametrize(("method", "path", "body", "code", "message"), [
+    ("PATCH", "/api/v1/nodes/gpu-1", {"metadata": {"labels": {"kmend.io/spare-for": "training/llama"}}}, 422,
+     'Node "gpu-1" is invalid: metadata.labels: Invalid value: "training/llama": a valid label must be'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"metadata": {"annotations": {"kmend.io/repair request": "x"}}}, 422,
+     'Node "gpu-1" is invalid: metadata.annotations: Invalid value: "kmend.io/repair request": name part must'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [{"key": "kmend.io/fault", "value": "gpu lost",
+                                                            "effect": "NoSchedule"}]}}, 422,
+     'Node "gpu-1" is invalid: metadata.taints[0].value: Invalid value: "gpu lost": a valid label must be'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [{"key": "kmend.io/fault", "effect": "Quarantine"}]}}, 422,
+     'metadata.taints[0].effect: Unsupported value: "Quarantine": supported values: "NoSchedule", '
+     '"PreferNoSchedule", "NoExecute"'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [{"key": "a", "effect": "NoSchedule"},
+                                                           {"key": "a", "value": "x", "effect": "NoSchedule"}]}},
+     422, "taints must be unique by key and effect pair"),
+    ("POST", "/api/v1/namespaces/team-a/pods/w-0/binding",
+     {"metadata": {"name": "other"}, "target": {"kind": "Node", "name": "gpu-1"}}, 400,
+     "name in URL does not match name in Binding object"),
+    ("POST", "/api/v1/namespaces/team-a/pods/w-0/eviction",
+     {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "other"}}, 400,
+     "name in URL does not match name in Eviction object"),
+    ("POST", "/apis/coordination.k8s.io/v1/namespaces/kmend-system/leases",
+     {"metadata": {"name": "kmend"}, "spec": {"leaseDurationSeconds": 0}}, 422,
+     'Lease.coordination.k8s.io "kmend" is invalid: spec.leaseDurationSeconds: Invalid value: 0: must be greater '
+     "than 0"),
+    ("POST", "/api/v1/namespaces/team-a/configmaps", {"metadata": {"name": "Llama-kmend-resume-"}}, 422,
+     'ConfigMap "Llama-kmend-resume-" is invalid: metadata.name: Invalid value: "Llama-kmend-resume-": a lowercase '
+     "RFC 1123 subdomain"),
+    ("POST", "/api/v1/namespaces/team-a/configmaps", {"metadata": {"name": "cm"}, "data": {"resume from": "x"}}, 422,
+     'ConfigMap "cm" is invalid: data[resume from]: Invalid value: "resume from": a valid config key'),
+    ("POST", "/apis/batch/v1/namespaces/kmend-system/jobs", {"metadata": {"name": "kmend-validate-1"}, "spec": {
+        "template": {"spec": {"restartPolicy": "Always", "containers": [{"name": "c", "image": "busybox"}]}}}}, 422,
+     'Job.batch "kmend-validate-1" is invalid: spec.template.spec.restartPolicy: Required value: valid values: '
+     '"OnFailure", "Never"'),
+    ("POST", "/apis/batch/v1/namespaces/kmend-system/jobs", {"metadata": {"name": "k" * 64}, "spec": {
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}, 422,
+     f'spec.template.labels: Invalid value: "{"k" * 64}": must be no more than 63 characters'),
+])
+def test_the_servers_own_validation_of_what_kmend_writes(
+        core: tuple[FakeApiServer, client.CoreV1Api], method: str, path: str, body: dict[str, object], code: int,
+        message: str) -> None:
+    server, _ = core
+    server.add_pod("team-a", "w-0", node="gpu-1", phase="Running")
+    before = json.dumps(server.nodes["gpu-1"], sort_keys=True)
+    got, out, _ = _raw(server, method, path, body, "application/strategic-merge-patch+json" if method == "PATCH"
+                       else "application/json")
+    assert got == code and message in out["message"], out
+    assert json.dumps(server.nodes["gpu-1"], sort_keys=True) == before
+    assert not server.pods[("team-a", "w-0")]["metadata"].get("deletionTimestamp")
+
+
+def test_event_names_are_not_checked_as_subdomains(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, _ = core
+    code, _, _ = _raw(server, "POST", "/api/v1/namespaces/default/events", {
+        "metadata": {"name": "GPU_1.x"}, "reason": "T", "involvedObject": {"kind": "Node", "name": "gpu-1"}})
+    assert code == 201 and [e["metadata"]["name"] for e in server.events] == ["GPU_1.x"]
+
+
+def test_binding_a_pod_with_scheduling_gates_is_409(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    server.add_pod("team-a", "w-0", scheduler="kmend", gates=["kueue.x-k8s.io/admission"])
+    with pytest.raises(ApiException) as err:
+        _bind(api, "w-0", "gpu-1")
+    assert err.value.status == 409
+    assert json.loads(err.value.body)["message"] == ('Operation cannot be fulfilled on pods/binding "w-0": '
+                                                     "pod w-0 has non-empty .spec.schedulingGates")
+    assert not api.read_namespaced_pod("w-0", "team-a").spec.node_name

@@ -160,6 +160,30 @@ def test_a_job_restarted_from_a_checkpoint_that_hangs_before_its_old_step_is_det
     assert late[0].fields["run"] == "1" and late[0].fields["last_step"] == "55"
 
 
+def test_a_restart_at_another_world_size_is_a_new_run_and_its_hang_is_found(tmp_path: Path) -> None:
+    # 4 ranks to step 30, then an elastic restart with 2 that goes on from step 31 (nothing goes back) and
+    # hangs at step 45: ranks 2 and 3 are not behind, they are not in the run any more.
+    t = T0
+    reporters = [ProgressReporter(tmp_path / "a", "elastic", r, world_size=4) for r in range(4)]
+    for s in range(1, 31):
+        t += 0.5
+        for rep in reporters:
+            rep.report_step(s, 0.5, {"compute": 0.4, "comm_wait": 0.1}, ts=t)
+    t += 6.0  # rendezvous of the new world
+    reporters = [ProgressReporter(tmp_path / "b", "elastic", r, world_size=2) for r in range(2)]
+    for s in range(31, 46):
+        t += 0.5
+        for rep in reporters:
+            rep.report_step(s, 0.5, {"compute": 0.4, "comm_wait": 0.1}, ts=t)
+    signals = ProgressFileSource(tmp_path / "a", "node-0").poll().signals
+    signals += ProgressFileSource(tmp_path / "b", "node-0").poll().signals
+    an = analyzer()
+    found = run(an, [(s.ts, [s]) for s in signals], until=t + 30)
+    [hang] = hangs(found)
+    assert (hang.fields["run"], hang.fields["ranks"], hang.fields["mode"]) == ("1", "2", "all_stalled")
+    assert hang.ts - t <= 15.0 and hang.where.rank is None
+
+
 def test_a_restart_resets_the_straggler_history_too() -> None:
     suite = DetectorSuite(PROGRESS)
     first, t = steps("rs2", 1, 30, T0, step_s=0.5)
@@ -232,7 +256,7 @@ def test_the_rank_whose_stack_is_outside_the_collective_is_named_and_the_stacks_
     run(an, batches, until=t + 12)
     suite = an.detectors
     assert suite is not None
-    assert [job for job, _, _ in suite.suspects(t + 6)] == ["stk"]  # suspected before it is called a hang
+    assert [job for job, _, _ in suite.suspects(t + 7)] == ["stk"]  # suspected before it is called a hang
     for r in range(4):
         text = _stack("stuck_in_sleep.txt" if r == 2 else "waiting_in_all_reduce.txt")
         suite.add_stack("stk", StackSample(rank=r, node=f"node-{r // 2}", pid=100 + r, text=text,
@@ -243,6 +267,23 @@ def test_the_rank_whose_stack_is_outside_the_collective_is_named_and_the_stacks_
     # time.sleep is C code: py-spy shows the Python line that called it.
     assert "main (tiny_ddp.py:59)" in inc.root_finding.fields["culprit_stack"]
     assert inc.root_finding.fields["waiting_in_collective"] == "0,1,3"
+
+
+def test_a_rank_whose_process_is_stopped_is_named_wherever_its_stack_is() -> None:
+    # SIGSTOP while waiting in the all-reduce: its stack looks like the others', but it runs no code at all.
+    an = analyzer()
+    batches, t = steps("sig", 1, 40, T0, step_s=0.2)
+    run(an, batches, until=t + 12)
+    suite = an.detectors
+    assert suite is not None
+    for r in range(4):
+        suite.add_stack("sig", StackSample(rank=r, node=f"node-{r // 2}", pid=100 + r,
+                                           text=_stack("waiting_in_all_reduce.txt"), state="T" if r == 1 else "S",
+                                           source=f"node-{r // 2}/stack/sig/{r}"), t + 13)
+    an.evaluate(t + 14)
+    [inc] = [i for i in an.correlator.incidents() if "sig" in i.jobs]
+    assert (inc.root_cause.rank, inc.root_cause.node, inc.root_finding.rule_id) == (1, "node-0", "stack-dump")
+    assert inc.root_finding.fields["stopped_ranks"] == "1" and "is stopped" in inc.root_finding.message
 
 
 @pytest.mark.parametrize("pause", ["saving checkpoint at iteration     400 to /ckpt/llama",

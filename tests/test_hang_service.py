@@ -50,15 +50,15 @@ def test_a_stalled_job_gets_stack_requests_on_its_nodes_before_the_hang_is_calle
 ) -> None:
     kmend, _ = service
     last = _steps(kmend, 30)
-    kmend.evaluate(now=last + 6)  # half the 10 s threshold
+    kmend.evaluate(now=last + 7)  # past half the 13 s threshold
     asked = {n: [r.kind for r in kmend.healing.requests(n)] for n in ("node-000", "node-001")}
     assert asked == {"node-000": ["stack_dump"], "node-001": ["stack_dump"]}
     assert _hangs(kmend) == []
     [req] = kmend.healing.requests("node-001")
     assert req.params == {"job": "llm"}
-    kmend.evaluate(now=last + 7)
+    kmend.evaluate(now=last + 8)
     assert len(kmend.healing.requests("node-001")) == 1  # one request per node and stall
-    kmend.evaluate(now=last + 12)
+    kmend.evaluate(now=last + 14)
     assert len(_hangs(kmend)) == 1
 
 

@@ -58,6 +58,21 @@ def test_the_plan_acts_on_the_job_bound_to_the_node_now(shipped_rules: list[Rule
     assert next(s for s in plan.steps if s.kind is StepKind.SPARE_SWAP).state.value == "succeeded"
 
 
+def test_the_plan_acts_on_the_namespace_whose_job_runs_on_the_node(shipped_rules: list[Rule],
+                                                                    tmp_path: Path) -> None:
+    h = Harness(tmp_path, job_nodes=4)
+    # Job names repeat across namespaces: another team's "llama" (listed first) runs on a node of its own.
+    h.workloads.add_pod("a-team", "llama-worker-0", node="gpu-node-09", labels={
+        "training.kubeflow.org/job-name": "llama", "training.kubeflow.org/replica-index": "0"})
+    inc = incident(shipped_rules, [container("gpu-node-01", "step 5", job="llama"), kernel("gpu-node-01", XID79)])
+    [plan] = h.healing().heal_once([inc], _no_state)
+    assert plan.job == "llama" and plan.namespace == "training"
+    assert {s.params.get("namespace") for s in plan.steps if s.params.get("job")} == {"training"}
+    plan = h.run(plan)
+    assert not [p for p in h.workloads.list_pods(node="gpu-node-01") if not p.terminating]
+    assert [p.node for p in h.workloads.list_pods(namespace="a-team")] == ["gpu-node-09"]
+
+
 def test_the_breaker_counts_nodes_still_out_from_long_ago(shipped_rules: list[Rule], tmp_path: Path) -> None:
     h = Harness(tmp_path, nodes=20, spares=0)
     for name in ("gpu-node-10", "gpu-node-11"):  # quarantined by kmend yesterday, still waiting for repair

@@ -32,7 +32,10 @@ from tests.healing import Clock, fast_policy
 
 NS = "training"
 MANIFEST = Path(__file__).resolve().parent.parent / "deploy" / "service" / "kmend.yaml"
-KINDS = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+TRAINING_OPERATOR = ("PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob")
+"""Kubeflow training-operator v1 kinds: kmend reads their checkpoint path and annotates their resume point."""
+KINDS = {**{k: ("kubeflow.org", "v1", k.lower() + "s") for k in TRAINING_OPERATOR},
+         "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
          "VolcanoJob": ("batch.volcano.sh", "v1alpha1", "jobs"), "Command": ("bus.volcano.sh", "v1alpha1", "commands")}
 
 
@@ -85,9 +88,8 @@ def world() -> Iterator[World]:
     with FakeApiServer() as api:
         for i in range(4):
             api.add_node(f"gpu-{i}")
-        for group, version, plural in KINDS.values():
-            api.install_kind(group, version, plural, "Job" if plural == "jobs" else
-                             {"pytorchjobs": "PyTorchJob", "jobsets": "JobSet", "commands": "Command"}[plural])
+        for kind, (group, version, plural) in KINDS.items():
+            api.install_kind(group, version, plural, "Job" if plural == "jobs" else kind)
         api.install_crd("scheduling.x-k8s.io", "v1alpha1")
         api.install_crd("scheduling.volcano.sh", "v1beta1")
         api.add_service_account(NS)  # the serviceaccount controller's work: pods are admitted only after it
@@ -129,7 +131,7 @@ def _drain_scenario(world: World) -> None:
     assert {p["spec"]["nodeName"] for p in world.live("llama")} == {"gpu-2", "gpu-3"}
 
 
-@pytest.mark.parametrize("kind", ["PyTorchJob", "JobSet", "VolcanoJob", "Job"])
+@pytest.mark.parametrize("kind", [*TRAINING_OPERATOR, "JobSet", "VolcanoJob", "Job"])
 def test_checkpoint_is_published_and_the_gang_restarts_through_its_owner(world: World, kind: str,
                                                                           tmp_path: Path) -> None:
     _owner_scenario(world, kind, tmp_path)
@@ -217,9 +219,12 @@ def _until_done(rounds: Iterator[StepOutcome]) -> Iterator[StepOutcome]:
 
 
 def _granted() -> set[tuple[str, str, str]]:
-    role = next(d for d in yaml.safe_load_all(MANIFEST.read_text()) if d and d["kind"] == "ClusterRole")
-    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]}
+    # The ClusterRole and the Role (in kmend's namespace) bound to the control plane's ServiceAccount.
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role") and d["metadata"]["name"] == "kmend"]
+    assert {r["kind"] for r in roles} == {"ClusterRole", "Role"}
+    return {(g, r, v) for role in roles for rule in role["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
 
 
 def test_cluster_role_grants_exactly_the_verbs_the_adapters_use(world: World, tmp_path: Path) -> None:
@@ -244,7 +249,7 @@ def test_cluster_role_grants_exactly_the_verbs_the_adapters_use(world: World, tm
     world.api.add_pod(NS, "probe", node="gpu-0", phase="Running")
     world.ctx.workloads.get_object(ObjectKey("v1", "Namespace", "", NS))
     _drain_scenario(world)
-    for kind in ("PyTorchJob", "JobSet", "VolcanoJob", "Job"):
+    for kind in (*TRAINING_OPERATOR, "JobSet", "VolcanoJob", "Job"):
         for (ns, name) in [k for k in world.api.pods if k[1].startswith("llama")]:
             world.api.pods.pop((ns, name))
         for resource, store in world.api.workload.objects.items():
@@ -272,7 +277,9 @@ def test_cluster_role_grants_exactly_the_verbs_the_adapters_use(world: World, tm
     sched.close()
     # Leader election.
     elector = LeaderElector(KubeLeases(apis), namespace="kmend-system", name="kmend", identity="a", clock=world.clock)
-    assert elector.tick() and elector.tick()
+    assert elector.tick()
+    world.clock.advance(elector.renew_s)  # renewed once its renewal period has passed
+    assert elector.tick()
 
     used = world.api.verbs()
     granted = _granted()

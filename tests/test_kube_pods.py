@@ -1,4 +1,5 @@
-"""KubePodScheduling's pure parts: object conversion, effective requests, quantities and error mapping."""
+"""KubePodScheduling: object conversion, effective requests, quantities, error mapping, and pods held back by
+scheduling gates (left alone by the gang scheduler on the loopback API server until their last gate goes)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,38 @@ def test_pod_group_status_and_events_reach_the_api_with_api_field_names() -> Non
         assert event["involvedObject"] == {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
                                            "name": "g", "namespace": "t", "uid": group.uid}
         assert (event["reportingComponent"], event["source"]["component"]) == ("kmend", "kmend")
+
+
+def test_a_gated_pod_is_left_alone_until_its_gates_are_removed() -> None:
+    """A pod a queue holds back (``spec.schedulingGates``) cannot be bound on a real server (409): the gang
+    scheduler leaves it pending, and places it once the queue removes its last gate."""
+    import time
+
+    from kubernetes import client
+
+    from healer.gang.scheduler import GangScheduler
+    from healer.kube.pods import KubePodScheduling
+    from tests.fake_apiserver import FakeApiServer
+
+    with FakeApiServer() as api:
+        api.add_node("gpu-1")
+        api.nodes["gpu-1"]["status"]["allocatable"] = {"cpu": "8", "memory": "8Gi", "pods": "10"}
+        api.add_pod("team-a", "w-0", scheduler="kmend", requests={"cpu": "1"}, gates=["kueue.x-k8s.io/admission"])
+        kube = KubePodScheduling(client.ApiClient(client.Configuration(host=api.url)), clock=time.time)
+        sched = GangScheduler(port=kube, is_leader=lambda: True, clock=time.time)
+        try:
+            assert [p.name for p in kube.list_pending("kmend")] == []
+            sched.run_once()
+            assert not api.pods[("team-a", "w-0")]["spec"].get("nodeName")
+            assert not any(p.endswith("/binding") for _, p in api.requests)
+            with api._lock:  # the queue admits it: the gate goes
+                pod = api.pods[("team-a", "w-0")]
+                del pod["spec"]["schedulingGates"]
+                api.pod_changed("MODIFIED", pod)
+            deadline = time.monotonic() + 30
+            while not api.pods[("team-a", "w-0")]["spec"].get("nodeName") and time.monotonic() < deadline:
+                sched.run_once()
+                time.sleep(0.05)
+            assert api.pods[("team-a", "w-0")]["spec"]["nodeName"] == "gpu-1"
+        finally:
+            kube.close()

@@ -16,6 +16,7 @@ import pytest
 
 from tests.agent_helpers import TOKEN
 from tests.conftest import free_port
+from tests.procs import wait_ready
 from tests.test_agent_e2e import Proc, wait_for
 
 pytestmark = pytest.mark.slow
@@ -130,14 +131,15 @@ def test_dcgm_scrapes_and_alerts_become_incidents(tmp_path: Path, exporter: str)
 
     try:
         service.start()
-        wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, 30, "service")
+        assert service.p is not None
+        wait_ready(url, service.p, log=tmp_path / "service.log")
         agent.start()
-        wait_for(lambda: len(incidents()) >= 2, 40, "incidents from the DCGM scrapes")
+        wait_for(lambda: len(incidents()) >= 2, 120, "incidents from the DCGM scrapes")
         resp = httpx.post(f"{url}/v1/alerts/alertmanager", json=webhook(datetime.now(UTC)),
                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
         assert resp.status_code == 200, resp.text
         assert resp.json()["findings"] == 1, "the firing alert is a finding, the resolved one is not"
-        wait_for(lambda: len(incidents()) >= 3, 20, "incident from the alert")
+        wait_for(lambda: len(incidents()) >= 3, 60, "incident from the alert")
         time.sleep(1.0)  # later scrapes repeat the same values: they must not open more incidents
         found = incidents()
     finally:

@@ -30,6 +30,7 @@ from tests.procs import wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "deploy" / "monitoring"
+CHART_FILES = REPO / "deploy" / "helm" / "kmend" / "files"
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
 needs_prometheus = pytest.mark.skipif(PROMTOOL is None or PROMETHEUS is None,
@@ -74,7 +75,7 @@ def test_dashboard_and_its_configmap_are_what_the_generator_makes() -> None:
     pytest.importorskip("grafana_foundation_sdk")
     gen = runpy.run_path(str(REPO / "deploy" / "tools" / "gen_dashboard.py"))
     for name, text in gen["render"]().items():
-        assert (MONITORING / name).read_text() == text, f"{name} is stale: run python deploy/tools/gen_dashboard.py"
+        assert (CHART_FILES / name).read_text() == text, f"{name} is stale: run python deploy/tools/gen_dashboard.py"
     dash = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     for p in dash["panels"]:
         if p["type"] == "row":

@@ -63,9 +63,8 @@ def test_plain_ddp_healthy_run_raises_nothing(kmend: Kmend) -> None:
     assert kmend.incidents() == []
 
 
-@pytest.mark.xfail(strict=True, reason="a job's end (its pods' exit) is not known to the detectors yet "
-                                       "(issue 11 item 3): its silence becomes a hang after the floor")
 def test_plain_ddp_job_that_finished_raises_nothing_afterwards(kmend: Kmend) -> None:
+    # No end line, no API, the pods' log directories stay: the agent sees the ranks' processes end.
     job = Job(kmend.pods, "ddp-done", "plain_ddp.py", steps=60, world=2)
     try:
         assert job.wait(90) == [0, 0], job.output()
@@ -106,16 +105,27 @@ def test_plain_ddp_blocked_rank_is_a_hang_detected_within_the_target(kmend: Kmen
     assert hang["root_cause"]["job"] == "ddp-hang"
 
 
-@pytest.mark.xfail(strict=True, reason="naming the culprit of an all-stalled hang (issue 11 item 4) is not built yet")
+def _assert_stopped_rank_named(hang: dict[str, Any], rank: int) -> None:
+    assert hang["root_cause"]["rank"] == rank, hang["root_cause"]
+    # Named from the agent's look at the processes: py-spy stacks of every rank, the culprit's process stopped.
+    [stacks] = [f for f in hang["findings"] if f["rule_id"] == "stack-dump"]
+    assert stacks["fields"]["stopped_ranks"] == str(rank), stacks["fields"]
+    assert "Thread " in stacks["fields"]["culprit_stack"], stacks["fields"]["culprit_stack"]
+
+
 def test_plain_ddp_blocked_rank_is_named(kmend: Kmend) -> None:
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "20"}
     job = Job(kmend.pods, "ddp-hang", "plain_ddp.py", steps=100_000, world=3, fault=fault)
     try:
         incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 60)
+        found = time.time()
+        last = _last_progress(job, " stdout F step ")
     finally:
         job.stop()
     [hang] = _of(incs, "hang")
-    assert hang["root_cause"]["rank"] == 1
+    _assert_stopped_rank_named(hang, 1)
+    assert found - last <= HANG_TARGET_S + 1.0, found - last
+    print(f"hang called and rank 1 named {found - last:.1f} s after the last progress line")
 
 
 def test_plain_ddp_crash_is_an_application_incident_on_that_rank(kmend: Kmend) -> None:
@@ -166,17 +176,20 @@ def test_hf_trainer_blocked_rank_is_a_hang(kmend: Kmend) -> None:
     assert found - last <= HANG_TARGET_S + 1.0, found - last
 
 
-@pytest.mark.xfail(strict=True, reason="only the Trainer's main process prints progress; naming the rank that "
-                                       "stalled needs the culprit evidence of issue 11 item 4 (not built yet)")
 def test_hf_trainer_blocked_rank_is_named(kmend: Kmend) -> None:
+    # Only the main process prints progress: rank 1 is known from its process alone.
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5"}
     job = Job(kmend.pods, "gpt2-hang", "hf_trainer.py", steps=100_000, world=2, fault=fault)
     try:
         incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 100)
+        found = time.time()
+        last = _last_progress(job, "'loss': ")
     finally:
         job.stop()
     [hang] = _of(incs, "hang")
-    assert hang["root_cause"]["rank"] == 1
+    _assert_stopped_rank_named(hang, 1)
+    assert found - last <= HANG_TARGET_S + 1.0, found - last
+    print(f"hang called and rank 1 named {found - last:.1f} s after the last progress line")
 
 
 # -- Lightning -----------------------------------------------------------------------------------------------

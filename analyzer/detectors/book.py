@@ -33,6 +33,8 @@ METRIC_FEATURES: Mapping[str, str] = {
 }
 """Metric names (DCGM exporter, the agent's NVML and InfiniBand sources) to detector features."""
 
+EXIT_GRACE_S = 5.0
+"""A step this soon after its rank's exit was seen, and past its last one, was written before the exit."""
 RERUN_AFTER_END_S = 60.0
 """Progress this long after a run ended is a new run of the job (a rerun under the same name)."""
 
@@ -97,6 +99,8 @@ class JobState:
     """Restarts seen under this job name: detectors drop what they kept about an earlier run."""
     cadence_known: bool = False
     """`intervals` were carried over from the run before a restart (the same job steps at the same pace)."""
+    world_size: int | None = None
+    """Ranks in the run, as its reporters said (None when no one said)."""
 
     @property
     def finished(self) -> bool:
@@ -115,17 +119,23 @@ class JobBook:
 
     def observe_progress(self, ev: ProgressEvent) -> None:
         """Fold one progress event in (idempotent for repeated or older steps)."""
+        if ev.kind is ProgressKind.EXIT:
+            # A process or container of a job that reported no progress here is no job to keep.
+            if (known := self.jobs.get(ev.job)) is not None:
+                self._exit(known, ev)
+            return
         job = self.jobs.get(ev.job)
         if job is None:  # not setdefault: a JobState (two deques) per event was a sixth of ingest time
             job = self.jobs[ev.job] = JobState()
         if ev.kind is ProgressKind.END:
             job.ended_at = max(job.ended_at or ev.ts, ev.ts)
             return
-        if ev.kind is ProgressKind.EXIT:
-            self._exit(job, ev)
-            return
         if ev.kind is ProgressKind.STEP and ev.step is not None and _restarted(job, ev):
             job = self._restart(ev.job, job)
+        if ev.world_size is not None and ev.kind is ProgressKind.STEP:
+            if job.world_size is not None and ev.world_size != job.world_size:
+                return  # a late report from the run before the world changed
+            job.world_size = ev.world_size
         if ev.kind is ProgressKind.PAUSE:
             if job.paused_at is None:
                 job.paused_at = ev.ts
@@ -249,9 +259,17 @@ def _restarted(job: JobState, ev: ProgressEvent) -> bool:
     if job.ended_at is not None and ev.ts > job.ended_at and (
             ev.ts > job.ended_at + RERUN_AFTER_END_S or (rank is not None and step < rank.last_step)):
         return True
+    # The number of ranks changed (an elastic restart, the job resubmitted at another size): reported after
+    # everything the old run reported, it is a new run even where the steps go on from where they were.
+    if (ev.world_size is not None and job.world_size is not None and ev.world_size != job.world_size
+            and job.ranks and ev.ts > max(r.last_ts for r in job.ranks.values())):
+        return True
     if rank is None:
         return False
-    if rank.exited_at is not None and ev.ts > rank.exited_at:
+    # Its container or process ended: a later step is a new run, unless it continues the old one at
+    # once (a line written before the exit that was stamped just after it).
+    if rank.exited_at is not None and ev.ts > rank.exited_at and (
+            step <= rank.last_step or ev.ts > rank.exited_at + EXIT_GRACE_S):
         return True
     # A rank's own reports arrive in order: a lower step reported later than its last one is a
     # resumption from a checkpoint (a late report of an older step carries an older time).

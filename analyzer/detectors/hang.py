@@ -38,8 +38,10 @@ class HangConfig:
 
     k: float = 2.4
     """Stall threshold in units of the job's median report interval."""
-    floor_s: float = 10.0
-    """Never call a hang before this many seconds without progress (absorbs data-loader hiccups)."""
+    floor_s: float = 13.0
+    """Never call a hang before this many seconds without progress. For steps up to 5 s this is the whole
+    time the 15 s target leaves (less `slack_s`): waiting any less only adds false alarms, since a stall
+    of a few seconds and a data-loader hiccup on top make healthy gaps of 12 s."""
     z: float = 6.0
     """Robust spreads (1.4826 x MAD of the intervals) added to k x median."""
     gap_margin: float = 1.25

@@ -6,7 +6,10 @@ waiting for the one that never arrived; that one is somewhere else: a data
 loader, a deadlocked lock, a sleep, its own code. The node agent captures the
 stacks when the service suspects a hang; they arrive here as text, are kept as
 evidence (the operator sees where each rank is stuck) and, once they settle,
-name the ranks outside the collective.
+name the ranks outside the collective. A rank whose process is stopped (state
+``T`` in ``/proc/<pid>/stat``: SIGSTOP, a job-control stop, a tracer) runs no
+code at all; when some ranks are stopped and the others are not, the stopped
+ones are what the others wait for, wherever their stacks say they are.
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ class StackSample:
     """The dump (py-spy's text output)."""
     source: str = ""
     """Evidence id."""
+    state: str = ""
+    """The process's state letter from ``/proc/<pid>/stat`` when the agent sent it (``T``: stopped)."""
+
+    @property
+    def stopped(self) -> bool:
+        """The process was stopped (not running, not waiting) when its stack was taken."""
+        return self.state in ("T", "t")
 
 
 def main_frames(text: str) -> list[str]:
@@ -126,13 +136,19 @@ class StackDetector:
 
     def _finding(self, job: str, stacks: Mapping[int, StackSample], ts: float) -> Finding:
         frames = {r: main_frames(s.text) for r, s in stacks.items()}
-        waiting = sorted(r for r, fr in frames.items() if in_collective(fr))
+        waiting = sorted(r for r, fr in frames.items() if in_collective(fr) and not stacks[r].stopped)
         elsewhere = sorted(r for r in frames if r not in waiting)
-        culprits = elsewhere if waiting and len(elsewhere) * 2 <= len(frames) else []
+        stopped = sorted(r for r, s in stacks.items() if s.stopped)
+        if stopped and len(stopped) < len(stacks):
+            culprits = stopped
+        else:
+            culprits = elsewhere if waiting and len(elsewhere) * 2 <= len(frames) else []
         summary = "; ".join(f"{r}: {fr[0] if fr else '?'}" for r, fr in sorted(frames.items())[:32])
         fields = {"ranks_dumped": ",".join(map(str, sorted(frames)[:64])),
                   "waiting_in_collective": ",".join(map(str, waiting[:64])),
                   "elsewhere": ",".join(map(str, elsewhere[:64])), "innermost_frames": summary[:4000]}
+        if stopped:
+            fields["stopped_ranks"] = ",".join(map(str, stopped[:64]))
         where = Location(job=job)
         if culprits:
             s = stacks[culprits[0]]
@@ -140,8 +156,13 @@ class StackDetector:
             fields["culprit_rank"] = str(s.rank)
             fields["culprit_stack"] = s.text[:MAX_STACK_CHARS]
             top = frames[s.rank][0] if frames[s.rank] else "no Python frame"
-            msg = (f"job {job}: rank {s.rank} on {s.node} is not in a collective (at {top}) while "
-                   f"rank(s) {','.join(map(str, waiting[:8]))} wait in one")
+            if s.stopped:
+                others = [r for r in sorted(stacks) if r not in stopped]
+                msg = (f"job {job}: the process of rank {s.rank} on {s.node} (pid {s.pid}) is stopped (state "
+                       f"{s.state}, at {top}) while rank(s) {','.join(map(str, others[:8]))} run")
+            else:
+                msg = (f"job {job}: rank {s.rank} on {s.node} is not in a collective (at {top}) while "
+                       f"rank(s) {','.join(map(str, waiting[:8]))} wait in one")
         else:
             first = min(stacks)
             fields["example_stack"] = stacks[first].text[:MAX_STACK_CHARS]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from collector.normalize import strip_prefix
+from collector.normalize import group_events, may_continue, strip_prefix
 from collector.signal import LogLine, Signal, Source
 from collector.sources.base import Clock, Cursor, LinePrefilter, Poll
 from collector.sources.cri import TimestampParser
@@ -84,6 +84,24 @@ def _record(head: str, fields: dict[str, str]) -> KmsgRecord | None:
     return KmsgRecord(pri, seq, usec, message, fields)
 
 
+def kernel_events(records: Sequence[KmsgRecord]) -> list[tuple[int, str]]:
+    """The events of consecutive records: (index of the first record, text), the way ``kmend analyze``
+    folds the same lines (an AER report with its status/mask and bit lines, a split NVRM message).
+
+    An event of one record keeps its message as the kernel wrote it.
+    """
+    if not records:
+        return []
+    texts = [r.message.replace("\n", " ") for r in records]
+    # Every record is a whole line: none is the wrapped rest of the one before it.
+    grouped = group_events(texts, texts, [True] * len(texts))
+    out: list[tuple[int, str]] = []
+    for k, first in enumerate(grouped.lines):
+        last = grouped.lines[k + 1] - 1 if k + 1 < len(grouped.lines) else len(records) - 1
+        out.append((first, records[first].message if first == last else grouped.texts[k]))
+    return out
+
+
 class KmsgReader(Protocol):
     """Reads ``/dev/kmsg``.
 
@@ -133,9 +151,13 @@ class KmsgSource:
         clock: Clock = time.time,
         monotonic: Clock = time.monotonic,
         max_records: int = 5000,
+        hold_s: float = 1.0,
     ) -> None:
         self.node = node
         self.path = path
+        self.hold_s = hold_s
+        """Longest a record that may open a multi-record event waits for the rest of it (kernel time)."""
+        self._held: list[KmsgRecord] = []
         self.prefilter = prefilter
         self.clock = clock
         self.monotonic = monotonic
@@ -153,8 +175,14 @@ class KmsgSource:
         self._reader = open_reader(path)
 
     def poll(self) -> Poll:
-        """Records appended since the previous call (at most ``max_records``)."""
-        signals: list[Signal] = []
+        """Events of the records appended since the previous call (at most ``max_records`` records).
+
+        The lines of one PCIe AER report, and an NVRM message the kernel split over records, are one
+        event: one signal, whose id is its first record's. The last event is held back while it may
+        still grow (a report is printed over a few milliseconds, a poll can end inside it) and for at
+        most ``hold_s`` of kernel time; the checkpoint never passes a record held back.
+        """
+        records = self._held
         count = filtered = 0
         overruns = self.overruns
         boot_epoch = self.clock() - self.monotonic()
@@ -173,19 +201,31 @@ class KmsgSource:
                 if rec.seq <= self.last_seq:
                     continue
                 self.last_seq = rec.seq
-                if self.prefilter is not None and not self.prefilter.matches(rec.message):
-                    filtered += 1
-                    continue
-                signals.append(Signal(
-                    id=f"{self.node}/kernel/{self.boot}/{rec.seq}",
-                    node=self.node,
-                    source=Source.KERNEL,
-                    ts=boot_epoch + rec.usec / 1e6,
-                    payload=LogLine(rec.message),
-                ))
+                records.append(rec)
+        events = kernel_events(records)
+        self._held = []
+        if events and self.hold_s > 0:
+            first, text = events[-1]
+            if may_continue(text) and self.monotonic() - records[-1].usec / 1e6 < self.hold_s:
+                self._held = records[first:]
+                events.pop()
+        signals: list[Signal] = []
+        for first, text in events:
+            if self.prefilter is not None and not self.prefilter.matches(text):
+                filtered += 1
+                continue
+            head = records[first]
+            signals.append(Signal(
+                id=f"{self.node}/kernel/{self.boot}/{head.seq}",
+                node=self.node,
+                source=Source.KERNEL,
+                ts=boot_epoch + head.usec / 1e6,
+                payload=LogLine(text),
+            ))
         cursors: dict[str, Cursor] = {}
-        if count:
-            cursors["position"] = {"boot": self.boot, "seq": self.last_seq}
+        if count or records:
+            done = self._held[0].seq - 1 if self._held else self.last_seq
+            cursors["position"] = {"boot": self.boot, "seq": done}
         return Poll(signals, cursors, count, self.overruns - overruns, filtered=filtered)
 
     def close(self) -> None:

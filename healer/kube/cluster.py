@@ -34,6 +34,8 @@ from healer.cluster import (
 
 T = TypeVar("T")
 _CONFLICT_RETRIES = 5
+CONNECTION_POOL_SIZE = 32
+"""Keep-alive connections kept to the API server: the scheduler's bind workers, the healer and the pod watch."""
 
 
 def _now() -> str:
@@ -90,6 +92,11 @@ def create_once(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         raise translate(exc) from exc
 
 
+STRICT = "Strict"
+"""``fieldValidation`` of every write of a built-in object: without it the API server drops a field it does not
+know with no more than a warning (the write "succeeds" without it); with it, the write is refused naming the
+field (400 on a create, 422 on a patch)."""
+
 #: Where core/v1 Events about cluster-scoped objects (Nodes) must live on a real API server.
 CLUSTER_SCOPED_EVENT_NAMESPACE = "default"
 
@@ -114,29 +121,39 @@ class KubeCluster:
         try:
             if in_cluster:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
-                return cls(client.ApiClient(), **kwargs)
-            cfg = client.Configuration()
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+                cfg = client.Configuration.get_default_copy()
+            else:
+                cfg = client.Configuration()
+                config.load_kube_config(config_file=kubeconfig,  # type: ignore[no-untyped-call]
+                                        client_configuration=cfg)
         except (config.ConfigException, OSError, ValueError) as exc:
             raise ClusterConfigError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) \
                 from None
+        # The client sizes its pool by the host's CPUs (5 per CPU): a pod limited to one CPU would get 5, fewer than
+        # the scheduler's bind workers, and every bind beyond them would open (and handshake) a connection of its own.
+        cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, CONNECTION_POOL_SIZE)
         return cls(client.ApiClient(cfg), **kwargs)
 
-    def list_nodes(self) -> Sequence[NodeInfo]:
-        # Read as plain JSON: the client's model objects cost about a millisecond per node, and the breaker
-        # lists every node before each automatic cordon (12,500 nodes would be seconds per decision).
-        resp: Any = call_api(self.core.list_node, _request_timeout=self.timeout, _preload_content=False)
+    def list_nodes(self, labels: Mapping[str, str] | None = None) -> Sequence[NodeInfo]:
+        # Read as plain JSON: the client's model objects cost about a millisecond per node.
+        selector = {"label_selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))} if labels else {}
+        resp: Any = call_api(self.core.list_node, _request_timeout=self.timeout, _preload_content=False, **selector)
         items = json.loads(resp.data).get("items") or []
         return [self._info_json(n) for n in items]
 
     def get_node(self, name: str) -> NodeInfo:
-        return self._info(call_api(self.core.read_node, name, _request_timeout=self.timeout))
+        # Raw JSON, as list_nodes: the healer reads the node before most steps, and the client's models cost
+        # milliseconds per node.
+        resp: Any = call_api(self.core.read_node, name, _request_timeout=self.timeout, _preload_content=False)
+        return self._info_json(json.loads(resp.data))
 
     def cordon(self, name: str) -> None:
-        call_api(self.core.patch_node, name, {"spec": {"unschedulable": True}}, _request_timeout=self.timeout)
+        call_api(self.core.patch_node, name, {"spec": {"unschedulable": True}}, field_validation=STRICT,
+                 _request_timeout=self.timeout)
 
     def uncordon(self, name: str) -> None:
-        call_api(self.core.patch_node, name, {"spec": {"unschedulable": False}}, _request_timeout=self.timeout)
+        call_api(self.core.patch_node, name, {"spec": {"unschedulable": False}}, field_validation=STRICT,
+                 _request_timeout=self.timeout)
 
     def add_taint(self, name: str, taint: Taint) -> None:
         def edit(taints: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -162,7 +179,7 @@ class KubeCluster:
             "type": condition.type, "status": condition.status, "reason": condition.reason,
             "message": condition.message, "lastHeartbeatTime": now, "lastTransitionTime": transition,
         }]}}
-        call_api(self.core.patch_node_status, name, body, _request_timeout=self.timeout)
+        call_api(self.core.patch_node_status, name, body, field_validation=STRICT, _request_timeout=self.timeout)
 
     def emit_event(self, event: ClusterEvent) -> None:
         node: Any = call_api(self.core.read_node, event.node, _request_timeout=self.timeout)
@@ -183,7 +200,8 @@ class KubeCluster:
             reporting_component=self.component, reporting_instance=self.host,
             first_timestamp=now, last_timestamp=now, count=1, action="Remediate",
         )
-        create_once(self.core.create_namespaced_event, namespace, body, _request_timeout=self.timeout)
+        create_once(self.core.create_namespaced_event, namespace, body, field_validation=STRICT,
+                    _request_timeout=self.timeout)
 
     def patch_node_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
                             annotations: Mapping[str, str | None] | None = None) -> None:
@@ -193,7 +211,8 @@ class KubeCluster:
         if annotations:
             meta["annotations"] = dict(annotations)
         if meta:  # a merge patch: null removes a key, other keys are left alone
-            call_api(self.core.patch_node, name, {"metadata": meta}, _request_timeout=self.timeout)
+            call_api(self.core.patch_node, name, {"metadata": meta}, field_validation=STRICT,
+                     _request_timeout=self.timeout)
 
     # -- internals ---------------------------------------------------------------
 
@@ -211,7 +230,7 @@ class KubeCluster:
             body = {"metadata": {"resourceVersion": node.metadata.resource_version},
                     "spec": {"taints": wanted}}
             try:
-                call_api(self.core.patch_node, name, body, _request_timeout=self.timeout)
+                call_api(self.core.patch_node, name, body, field_validation=STRICT, _request_timeout=self.timeout)
                 return
             except TemporaryError:
                 if attempt == _CONFLICT_RETRIES - 1:
@@ -228,15 +247,3 @@ class KubeCluster:
         return NodeInfo(name=meta.get("name", ""), unschedulable=bool(spec.get("unschedulable")), taints=taints,
                         labels=dict(meta.get("labels") or {}), conditions=conds,
                         annotations=dict(meta.get("annotations") or {}))
-
-    @staticmethod
-    def _info(n: Any) -> NodeInfo:
-        spec = n.spec
-        taints = tuple(Taint(t.key, t.value or "", t.effect) for t in (spec.taints or []))
-        conds = tuple(
-            Condition(c.type, c.status, c.reason or "", c.message or "")
-            for c in ((n.status.conditions or []) if n.status else [])
-        )
-        return NodeInfo(name=n.metadata.name, unschedulable=bool(spec.unschedulable), taints=taints,
-                        labels=dict(n.metadata.labels or {}), conditions=conds,
-                        annotations=dict(n.metadata.annotations or {}))

@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from healer.kube.cluster import translate
+from healer.kube.cluster import STRICT, translate
 from healer.lease import LeaseConflict, LeaseRecord
 
 
@@ -50,11 +50,11 @@ class KubeLeases:
 
     def create(self, lease: LeaseRecord) -> LeaseRecord:
         return self._write(lambda body: self.coordination.create_namespaced_lease(
-            lease.namespace, body, _request_timeout=self.timeout), lease)
+            lease.namespace, body, field_validation=STRICT, _request_timeout=self.timeout), lease)
 
     def update(self, lease: LeaseRecord) -> LeaseRecord:
         return self._write(lambda body: self.coordination.replace_namespaced_lease(
-            lease.name, lease.namespace, body, _request_timeout=self.timeout), lease)
+            lease.name, lease.namespace, body, field_validation=STRICT, _request_timeout=self.timeout), lease)
 
     def _write(self, fn: Any, lease: LeaseRecord) -> LeaseRecord:
         body = client.V1Lease(

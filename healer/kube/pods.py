@@ -40,6 +40,7 @@ from healer.gang.records import (
     Toleration,
     TolerationOperator,
 )
+from healer.kube.cluster import STRICT
 from healer.kube.watch import PodInformer
 
 REASON_ANNOTATION = "kmend.io/schedule-reason"
@@ -128,7 +129,12 @@ def _requirements(items: Sequence[Json] | None) -> tuple[Requirement, ...]:
 
 
 def pod_record(obj: Json) -> PodRecord:
-    """A Pod object as a PodRecord."""
+    """A Pod object as a PodRecord.
+
+    A pod with ``spec.schedulingGates`` (held back by a queue such as Kueue) is not to be placed yet: the API
+    server refuses its binding (409 ``non-empty .spec.schedulingGates``) and kube-scheduler leaves it alone, so
+    it is read as holding nothing and needing no place (``finished``) until its last gate is removed.
+    """
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     required = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
                  .get("requiredDuringSchedulingIgnoredDuringExecution")) or {})
@@ -142,7 +148,8 @@ def pod_record(obj: Json) -> PodRecord:
         requests=effective_requests(spec), node_name=spec.get("nodeName") or "",
         scheduler_name=spec.get("schedulerName") or "default-scheduler",
         terminating=meta.get("deletionTimestamp") is not None,
-        finished=status.get("phase") in ("Succeeded", "Failed"),
+        finished=status.get("phase") in ("Succeeded", "Failed") or bool(spec.get("schedulingGates")
+                                                                       and not spec.get("nodeName")),
         labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {}),
         tolerations=tolerations, node_selector=dict(spec.get("nodeSelector") or {}), affinity=terms,
         priority=int(spec.get("priority") or 0), created=_ts(meta.get("creationTimestamp")))
@@ -189,6 +196,13 @@ class KubePodScheduling:
             return fn(*args, _request_timeout=self.timeout_s, **kw)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise map_error(exc) from exc
+
+    def _write(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
+        """A write whose answer kmend does not need: read raw and to the end, so that the connection goes
+        back to the pool (an unread response keeps it, and the next request pays a new connection: a TLS
+        handshake on a real server)."""
+        resp = self._call(fn, *args, _preload_content=False, **kw)
+        resp.data  # noqa: B018 - reading the body releases the connection
 
     def _pages(self, fn: Callable[..., Any], **kw: Any) -> Iterator[Json]:
         token: str | None = None
@@ -257,16 +271,14 @@ class KubePodScheduling:
         """POST pods/{name}/binding with the pod's UID as precondition."""
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.name, uid=pod.uid or None),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        self._call(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body,
-                   _preload_content=False)
+        self._write(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body, field_validation=STRICT)
 
     def delete_pod(self, pod: PodRecord) -> None:
         """DELETE with a UID precondition: a missing or already recreated pod counts as released."""
         options = (client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid))
                    if pod.uid else None)
         try:
-            self._call(self.core.delete_namespaced_pod, pod.name, pod.namespace, body=options,
-                       _preload_content=False)
+            self._write(self.core.delete_namespaced_pod, pod.name, pod.namespace, body=options)
         except (NotFoundError, ConflictError):
             return
 
@@ -282,7 +294,7 @@ class KubePodScheduling:
             first_timestamp=now, last_timestamp=now,
             source=client.V1EventSource(component=self.component), reporting_component=self.component)
         try:
-            self._call(self.core.create_namespaced_event, ref.namespace, event, _preload_content=False)
+            self._write(self.core.create_namespaced_event, ref.namespace, event, field_validation=STRICT)
         except NotFoundError:
             return
 

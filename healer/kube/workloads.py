@@ -16,7 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from healer.cluster import NotFoundError
-from healer.kube.cluster import call_api, create_once, translate
+from healer.kube.cluster import STRICT, call_api, create_once, translate
 from healer.workloads import ObjectKey, OwnerRef, PodInfo
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -76,7 +76,8 @@ class KubeWorkloads:
         body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
                                  metadata=client.V1ObjectMeta(name=name, namespace=namespace),
                                  delete_options=client.V1DeleteOptions(grace_period_seconds=grace_s))
-        self._gone_ok(self.core.create_namespaced_pod_eviction, name, namespace, body, _request_timeout=self.timeout)
+        self._gone_ok(self.core.create_namespaced_pod_eviction, name, namespace, body, field_validation=STRICT,
+                      _request_timeout=self.timeout)
 
     def delete_pod(self, namespace: str, name: str, grace_s: int | None = None) -> None:
         kw: dict[str, Any] = {"_request_timeout": self.timeout}
@@ -86,7 +87,7 @@ class KubeWorkloads:
 
     def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> None:
         create_once(self.core.create_namespaced_pod, namespace, _quantities_as_text(dict(manifest)),
-                    _request_timeout=self.timeout)
+                    field_validation=STRICT, _request_timeout=self.timeout)
 
     # -- any object -----------------------------------------------------------------------------
 
@@ -102,11 +103,14 @@ class KubeWorkloads:
         body = _quantities_as_text({**manifest, "apiVersion": key.api_version, "kind": key.kind})
         t = self.timeout
         if key.kind == "ConfigMap" and key.api_version == "v1":
-            create_once(self.core.create_namespaced_config_map, key.namespace, body, _request_timeout=t)
+            create_once(self.core.create_namespaced_config_map, key.namespace, body, field_validation=STRICT,
+                        _request_timeout=t)
         elif key.kind == "Pod" and key.api_version == "v1":
-            create_once(self.core.create_namespaced_pod, key.namespace, body, _request_timeout=t)
+            create_once(self.core.create_namespaced_pod, key.namespace, body, field_validation=STRICT,
+                        _request_timeout=t)
         elif key.kind == "Job" and key.api_version == "batch/v1":
-            create_once(self.batch.create_namespaced_job, key.namespace, body, _request_timeout=t)
+            create_once(self.batch.create_namespaced_job, key.namespace, body, field_validation=STRICT,
+                        _request_timeout=t)
         else:
             group, version = _split(key.api_version)
             create_once(self.custom.create_namespaced_custom_object, group, version, key.namespace,
@@ -131,11 +135,13 @@ class KubeWorkloads:
         body = {"metadata": {"annotations": dict(annotations)}}
         t = self.timeout
         if key.kind == "Pod" and key.api_version == "v1":
-            call_api(self.core.patch_namespaced_pod, key.name, key.namespace, body, _request_timeout=t)
+            call_api(self.core.patch_namespaced_pod, key.name, key.namespace, body, field_validation=STRICT,
+                     _request_timeout=t)
         elif key.kind == "Namespace" and key.api_version == "v1":
-            call_api(self.core.patch_namespace, key.name, body, _request_timeout=t)
+            call_api(self.core.patch_namespace, key.name, body, field_validation=STRICT, _request_timeout=t)
         elif key.kind == "Job" and key.api_version == "batch/v1":
-            call_api(self.batch.patch_namespaced_job, key.name, key.namespace, body, _request_timeout=t)
+            call_api(self.batch.patch_namespaced_job, key.name, key.namespace, body, field_validation=STRICT,
+                     _request_timeout=t)
         else:
             group, version = _split(key.api_version)
             call_api(self.custom.patch_namespaced_custom_object, group, version, key.namespace, _plural(key.kind),
@@ -145,10 +151,11 @@ class KubeWorkloads:
                          labels: Mapping[str, str] | None = None) -> None:
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})}, "data": dict(data)}
-        if create_once(self.core.create_namespaced_config_map, namespace, body, _request_timeout=self.timeout):
+        if create_once(self.core.create_namespaced_config_map, namespace, body, field_validation=STRICT,
+                       _request_timeout=self.timeout):
             return
         call_api(self.core.patch_namespaced_config_map, name, namespace, {"data": dict(data)},
-              _request_timeout=self.timeout)
+                 field_validation=STRICT, _request_timeout=self.timeout)
 
     # -- internals ---------------------------------------------------------------------------------
 

@@ -25,11 +25,14 @@ async def ingest_stack(
     rank: Annotated[int, Query(ge=0)],
     node: Annotated[str, Query(min_length=1, max_length=253)],
     pid: Annotated[int, Query(ge=1)],
+    state: Annotated[str, Query(pattern=r"^[A-Za-z]?$",
+                                description="the process's state letter from /proc/<pid>/stat (T: stopped)")] = "",
 ) -> Any:
     """Accept the stack the node agent captured; a job's stacks are judged together once they stop arriving.
 
     The finding names the rank whose main thread is outside the collective the
-    others wait in, and carries the stacks, so the incident shows where it is stuck.
+    others wait in (or the rank whose process is stopped), and carries the stacks, so the
+    incident shows where it is stuck.
     """
     body = await read_body(request, MAX_STACK_BODY)
     try:
@@ -38,5 +41,5 @@ async def ingest_stack(
         raise HTTPException(400, f"body: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     if not text.strip():
         raise HTTPException(400, "body: empty stack dump")
-    await run_in_threadpool(kmend.ingest_stack, job, rank, node, pid, text[:MAX_STACK_CHARS])  # takes the lock
+    await run_in_threadpool(kmend.ingest_stack, job, rank, node, pid, text[:MAX_STACK_CHARS], state)  # takes the lock
     return {"accepted": True, "job": job, "rank": rank}

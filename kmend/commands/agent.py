@@ -36,6 +36,7 @@ from collector.metrics import AgentMetrics
 from collector.node_requests import HttpNodeRequestClient, NodeRequestRunner, RequestHandler, RequestJournal
 from collector.podmeta import FilePodMetadata, KubeApiPodMetadata, PodMetadataProvider
 from collector.prefilter import RegexPrefilter
+from collector.processes import ProcessFinder
 from collector.progress_file import ProgressFileSource
 from collector.shipper import Shipper
 from collector.signal import LogLine, Signal
@@ -45,8 +46,9 @@ from collector.sources.dcgm import DcgmSource, http_fetcher
 from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
+from collector.sources.procs import ProcessExitSource
 from collector.spool import DiskSpool, Value
-from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder
+from collector.stacks import PySpyDumper, StackRequestResponder
 from collector.validate import node_name_problem
 from healer.checkpoint_remote import discover_json
 from kmend.errors import ConfigError, from_validation
@@ -105,6 +107,8 @@ class AgentSettings(BaseSettings):
     job: str | None = Field(None, description="job name for every pod on this node (off-cluster, one job per node)")
     stacks: bool = Field(True, description="answer the service's stack_dump requests with py-spy (needs host PID "
                                            "namespace and SYS_PTRACE)")
+    process_exits: bool = Field(True, description="watch training processes in the host's /proc (hostPID): a job "
+                                                  "whose rank processes all ended has finished, its silence no hang")
     py_spy: str = Field("py-spy", description="py-spy executable (name on PATH or path)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
@@ -215,6 +219,9 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                                             prefixes=settings.flight_recorder_prefixes, pod_metadata=meta,
                                             resume=checkpoints.section("flight-recorder"),
                                             settle_s=settings.flight_recorder_settle_s))
+    if settings.process_exits and settings.proc_root.is_dir():
+        sources.append(ProcessExitSource(node=node, finder=ProcessFinder(
+            proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta, job=settings.job)))
     if settings.ib_root.is_dir():
         sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
     if settings.nvml:
@@ -257,7 +264,7 @@ def build_request_runner(settings: AgentSettings) -> NodeRequestRunner | None:
             log.warning("py-spy not found (%s): stack_dump requests are not answered", settings.py_spy)
         else:
             finder = ProcessFinder(proc_root=settings.proc_root, pods_root=settings.pods_root,
-                                   pod_metadata=pod_metadata(settings))
+                                   pod_metadata=pod_metadata(settings), job=settings.job)
             handlers["stack_dump"] = StackRequestResponder(url=settings.service_url, node=settings.node,
                                                            finder=finder, dumper=PySpyDumper(binary),
                                                            token=settings.bearer(), clock=time.monotonic)
@@ -312,13 +319,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="never reset a GPU on this node")
     p.add_argument("--no-stacks", dest="stacks", action="store_false", default=None,
                    help="do not capture Python stacks of training processes on a suspected hang")
+    p.add_argument("--no-process-exits", dest="process_exits", action="store_false", default=None,
+                   help="do not watch training processes in /proc for their end")
     p.set_defaults(func=run)
 
 
 def settings_from(args: argparse.Namespace) -> AgentSettings:
     """Environment first, flags override."""
-    keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + ["prefilter", "nvml", "pod_labels",
-                                                                    "node_requests", "gpu_reset", "stacks"]
+    keys = [f.lstrip("-").replace("-", "_") for f, _ in _FLAGS] + [
+        "prefilter", "nvml", "pod_labels", "node_requests", "gpu_reset", "stacks", "process_exits"]
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     try:
         return AgentSettings(**overrides)

@@ -142,3 +142,11 @@ leases_seen = Table(
     Column("transitions", Integer, nullable=False),
     Column("observed_at", Float, nullable=False),
 )
+
+metric_series = Table(
+    "metric_series", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("ts", Float, nullable=False),
+    Column("body", JSON, nullable=False),
+)
+"""The last sample of each series a metric rule watches (id: sha256 of its key), written with the batch."""

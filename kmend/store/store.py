@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -14,8 +16,9 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
+from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
-from collector.signal import LogLine, Signal, Source
+from collector.signal import LogLine, Signal
 from collector.wire import to_wire
 from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, StepState
 from kmend.serialize import (
@@ -51,8 +54,8 @@ class IngestOutcome:
 
 
 def _kept(s: Signal) -> bool:
-    """Whether a signal is stored as a row: log lines and alerts, not raw metric or progress samples."""
-    return type(s.payload) is LogLine or s.source is Source.ALERT
+    """Whether a signal is stored as a row: log lines, not metric (or alert) and progress samples."""
+    return type(s.payload) is LogLine
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -130,33 +133,37 @@ class Store:
 
     # -- ingest ---------------------------------------------------------------------
 
-    def ingest(self, signals: Sequence[Signal], analyze: Analyze, origin: tuple[str, int] | None = None
-               ) -> IngestOutcome:
+    def ingest(self, signals: Sequence[Signal], analyze: Analyze,
+               series: Callable[[], Sequence[SeriesState]] | None = None,
+               origin: tuple[str, int] | None = None) -> IngestOutcome:
         """Store new log lines, analyze the batch and store the results — all in one transaction.
 
         Lines and the findings they produced commit together, so a crash can neither lose
-        a line's analysis nor analyze a line twice.
+        a line's analysis nor analyze a line twice. ``series`` gives the metric series states
+        the analysis changed (the last value of each watched series); they commit with it.
 
         A numbered batch (`origin`: producer, seq) is a replay when its number is at or below the
-        producer's last one: recognised by one lookup. Its lines are not stored one by one, only
-        those a finding names as evidence.
+        producer's last one: recognised by one lookup.
         """
         unique: dict[str, Signal] = {}
         for s in signals:
             unique.setdefault(s.id, s)
         if origin is not None:
-            return self._ingest_numbered(list(unique.values()), len(signals), analyze, origin)
-        # Log lines and alerts are rows: they are the evidence behind findings, and their ids make a
-        # redelivery harmless. Raw metric and progress samples are not: the analyzer keeps the latest values
-        # and the windows its detectors need in memory, and the agents' next samples rebuild them after a restart.
+            return self._ingest_numbered(list(unique.values()), len(signals), analyze, series, origin)
+        # Log lines are rows: they are the evidence behind findings, and their ids make a redelivery
+        # harmless. Metric and progress samples are not: the analyzer keeps the latest values and the
+        # windows its detectors need in memory, and the agents' next samples rebuild them after a restart.
         with self.engine.begin() as conn:
             new_ids = self._insert_new(conn, [s for s in unique.values() if _kept(s)])
             fresh = [s for s in unique.values() if s.id in new_ids or not _kept(s)]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             self._write_results(conn, found, changed, merges)
+            if fresh and series is not None:
+                self._upsert_series(conn, series())
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
-    def _ingest_numbered(self, fresh: list[Signal], sent: int, analyze: Analyze, origin: tuple[str, int]
+    def _ingest_numbered(self, fresh: list[Signal], sent: int, analyze: Analyze,
+                         series: Callable[[], Sequence[SeriesState]] | None, origin: tuple[str, int]
                          ) -> IngestOutcome:
         producer, seq = origin
         prod = schema.producers
@@ -172,6 +179,8 @@ class Store:
                 index_elements=["id"], set_={"seq": stmt.excluded.seq, "updated_at": stmt.excluded.updated_at},
                 where=prod.c.seq < stmt.excluded.seq))
             self._write_results(conn, found, changed, merges)
+            if fresh and series is not None:
+                self._upsert_series(conn, series())
         return IngestOutcome(len(fresh), sent - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
     def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
@@ -202,6 +211,25 @@ class Store:
             res = conn.execute(stmt.returning(schema.signals.c.id), rows[i:i + 2000])
             new.update(r[0] for r in res)
         return new
+
+    def _upsert_series(self, conn: Connection, states: Sequence[SeriesState]) -> None:
+        if not states:
+            return
+        rows = [{"id": hashlib.sha256(json.dumps(st.key).encode()).hexdigest(), "ts": st.ts,
+                 "body": {"key": list(st.key), "value": st.value, "ts": st.ts, "streak": dict(st.streak)}}
+                for st in states]
+        stmt = self._insert(schema.metric_series)
+        stmt = stmt.on_conflict_do_update(index_elements=["id"], set_={"ts": stmt.excluded.ts,
+                                                                       "body": stmt.excluded.body})
+        for i in range(0, len(rows), 2000):
+            conn.execute(stmt, rows[i:i + 2000])
+
+    def metric_series(self) -> list[SeriesState]:
+        """The stored last sample of every watched metric series."""
+        with self.engine.connect() as conn:
+            return [SeriesState(tuple(b["key"]), float(b["value"]), float(b["ts"]),
+                                {str(k): int(v) for k, v in b["streak"].items()})
+                    for (b,) in conn.execute(select(schema.metric_series.c.body))]
 
     def _write_results(self, conn: Connection, found: Sequence[Finding], changed: Iterable[Incident],
                        merges: Iterable[tuple[str, str]]) -> None:

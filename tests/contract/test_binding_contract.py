@@ -17,6 +17,7 @@ from healer.cluster import NotFoundError
 from healer.gang.port import ConflictError, ObjectRef, PodScheduling
 from healer.gang.records import NodeRecord, PodRecord
 from sim.pods import SimPods
+from tests.contract.real_cluster import create_namespace
 from tests.fake_apiserver import FakeApiServer
 
 SCHEDULER = "kmend-contract"
@@ -42,7 +43,7 @@ def _kube(path: str) -> Iterator[tuple[PodScheduling, Make, str]]:
     core = client.CoreV1Api(api)
     suffix = uuid.uuid4().hex[:8]
     namespace, node = f"kmend-contract-{suffix}", f"kmend-contract-{suffix}"
-    core.create_namespace({"metadata": {"name": namespace}})
+    create_namespace(core, namespace)
     core.create_node({"metadata": {"name": node}})
 
     def make(name: str) -> PodRecord:

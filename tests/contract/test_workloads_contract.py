@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from healer.cluster import TemporaryError
+from healer.cluster import NotFoundError, TemporaryError
 from healer.jobs import recreatable
 from healer.workloads import ObjectKey, OwnerRef, Workloads
 from sim.cluster import SimCluster
 from sim.workloads import SimWorkloads
+from tests.contract.real_cluster import create_namespace
 from tests.fake_apiserver import FakeApiServer
 
 PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
@@ -105,7 +106,7 @@ def _kube() -> Iterator[Env]:
     api = client.ApiClient(cfg)
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
     ns, node = f"kmend-contract-{uuid.uuid4().hex[:6]}", f"kmend-contract-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    create_namespace(core, ns)
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
 
     def pod(name: str, labels: dict[str, str], bound: bool = True) -> None:
@@ -237,7 +238,10 @@ def test_a_volcano_restart_command_is_created_once_with_its_target(env: Env) -> 
     key = ObjectKey("bus.volcano.sh/v1alpha1", "Command", env.namespace, "kmend-restart-1")
     target = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "vc-job", "uid": "u-1"}
     body = {"metadata": {"name": key.name}, "action": "RestartJob", "reason": "kmend", "target": target}
-    env.workloads.create_object(key, body)
+    try:
+        env.workloads.create_object(key, body)
+    except NotFoundError:
+        pytest.skip("bus.volcano.sh/v1alpha1 Command is not installed on this cluster")
     env.workloads.create_object(key, body)
     obj = env.workloads.get_object(key)
     if obj is not None:  # a running Volcano controller consumes the command at once

@@ -1,0 +1,189 @@
+"""Training processes on this node, seen through the host's ``/proc`` (the agent runs with host PID access).
+
+A training process is one whose environment has ``RANK`` and ``WORLD_SIZE`` (torchrun,
+DeepSpeed and Lightning launchers set them). Which job it belongs to is told, in turn, by:
+
+- its pod: the pod UID in its cgroup, or else its ``HOSTNAME`` (the kubelet sets it to the
+  pod name) when exactly one pod of that name logs on this node, matched to the pod's log
+  directory ``<namespace>_<pod>_<uid>`` under ``/var/log/pods``; the pod's labels (in-cluster
+  API or labels file) name the job, else the pod name does, exactly as for its log lines;
+- ``KMEND_JOB`` in its environment (what the progress hook reports under);
+- torchrun's ``TORCHELASTIC_RUN_ID`` (unless it is torchrun's default, ``none``).
+
+Every name that applies is kept, so a request for the job under any of them finds it.
+The process's state letter from ``/proc/<pid>/stat`` is kept as well: ``T`` (stopped by a
+signal) or ``t`` (stopped by a tracer) means the process is not running at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from collector.identity import pod_identity
+from collector.podmeta import PodMetadataProvider
+
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+STOPPED_STATES = frozenset({"T", "t"})
+"""``/proc/<pid>/stat`` states of a process that does not run: stopped by a signal, or by a tracer."""
+_TORCHRUN_DEFAULT_RUN_ID = "none"
+"""torchrun's ``--rdzv-id`` when none is given: it names no job."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingProcess:
+    """One rank's process as seen from the host."""
+
+    pid: int
+    """Host PID."""
+    rank: int
+    """Global rank (``RANK``)."""
+    job: str | None
+    """Training job, when its pod or environment tell it (the first of `names`)."""
+    pipe: str | None
+    """Path (inside the process's root) of its Flight Recorder trigger FIFO, when configured."""
+    names: tuple[str, ...] = ()
+    """Every name the job is known under here: its pod's job, ``KMEND_JOB``, torchrun's run id."""
+    state: str = ""
+    """State letter from ``/proc/<pid>/stat`` (``R`` running, ``S`` sleeping, ``T`` stopped, ...)."""
+    started: int = 0
+    """Start time in clock ticks after boot: with `pid`, tells this process from a later one with its PID."""
+    pod: str | None = None
+    """``namespace/pod`` it runs in, when known."""
+
+    @property
+    def stopped(self) -> bool:
+        """The process is stopped (SIGSTOP, a tracer): it runs no code at all."""
+        return self.state in STOPPED_STATES
+
+
+def read_environ(proc: Path) -> dict[str, str] | None:
+    """A process's environment (None when it cannot be read: gone, a zombie, or not permitted)."""
+    try:
+        raw = (proc / "environ").read_bytes()
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` used here."""
+
+    comm: str
+    """Command name (changes at ``exec``)."""
+    state: str
+    """State letter."""
+    ppid: int
+    """Parent PID."""
+    started: int
+    """Start time, clock ticks after boot."""
+
+
+def read_stat(proc: Path) -> ProcStat | None:
+    """Parsed ``/proc/<pid>/stat``, or None when the process is gone."""
+    try:
+        text = (proc / "stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: the fields start after the last ')'.
+    head, _, rest = text.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 20:
+        return None
+    return ProcStat(comm=head.partition("(")[2], state=fields[0], ppid=int(fields[1]), started=int(fields[19]))
+
+
+class ProcessFinder:
+    """Training processes on this node (``/proc`` and the pod log root injected)."""
+
+    def __init__(self, *, proc_root: Path = Path("/proc"), pods_root: Path | None = Path("/var/log/pods"),
+                 pod_metadata: PodMetadataProvider | None = None, job: str | None = None) -> None:
+        self.proc_root = proc_root
+        self.pods_root = pods_root
+        self.pod_metadata = pod_metadata
+        self.job = job
+        """The agent's ``--job``: the job of every pod on the node (as for its log lines)."""
+        # (pid, start, comm) -> (rank, environment) or None: an environment is read once per program.
+        self._seen: dict[tuple[int, int, str], tuple[int, Mapping[str, str]] | None] = {}
+
+    def _pod_dirs(self) -> list[str]:
+        if self.pods_root is None:
+            return []
+        try:
+            return os.listdir(self.pods_root)
+        except OSError:
+            return []
+
+    def _pod_of(self, proc: Path, env: Mapping[str, str], dirs: list[str]) -> tuple[str, str, str] | None:
+        """(namespace, pod, uid) of the pod the process runs in, from its cgroup or its HOSTNAME."""
+        try:
+            m = _POD_UID.search((proc / "cgroup").read_text())
+        except OSError:
+            m = None
+        if m is not None:
+            uid = m.group(1).replace("_", "-")  # the systemd cgroup driver writes the UID with underscores
+            mine = [d for d in dirs if d.endswith("_" + uid)]
+        else:
+            host = env.get("HOSTNAME", "")
+            # Two namespaces may hold pods of one name: then the host name alone cannot tell which.
+            mine = [d for d in dirs if host and d.count("_") == 2 and d.split("_")[1] == host]
+        if len(mine) != 1:
+            return None
+        ns, pod, uid = mine[0].split("_", 2)
+        return ns, pod, uid
+
+    def _job_of_pod(self, ref: tuple[str, str, str]) -> str | None:
+        ns, pod, uid = ref
+        labels = None
+        if self.pod_metadata is not None:
+            try:
+                labels = self.pod_metadata.labels(ns, pod, uid)
+            except Exception:
+                return None
+        return pod_identity(pod, labels, job=self.job)[0]
+
+    def find(self) -> list[TrainingProcess]:
+        """The topmost process of each rank (a DataLoader worker shares its parent's ``RANK``)."""
+        found: dict[int, tuple[int, Mapping[str, str], Path, ProcStat]] = {}
+        live: set[tuple[int, int, str]] = set()
+        for entry in os.listdir(self.proc_root):
+            if not entry.isdigit():
+                continue
+            proc = self.proc_root / entry
+            st = read_stat(proc)
+            if st is None:
+                continue
+            key = (int(entry), st.started, st.comm)
+            live.add(key)
+            if key not in self._seen:
+                env = read_environ(proc)
+                ok = env is not None and env.get("RANK", "").isdigit() and "WORLD_SIZE" in env
+                self._seen[key] = (int(env["RANK"]), env) if ok and env is not None else None
+            got = self._seen[key]
+            if got is not None:
+                found[int(entry)] = (got[0], got[1], proc, st)
+        for gone in [k for k in self._seen if k not in live]:
+            del self._seen[gone]
+        dirs = self._pod_dirs()
+        out = []
+        for pid, (rank, penv, proc, st) in sorted(found.items()):
+            parent = found.get(st.ppid)
+            if parent is not None and parent[0] == rank:
+                continue
+            ref = self._pod_of(proc, penv, dirs)
+            names = [self._job_of_pod(ref) if ref else None, penv.get("KMEND_JOB"), penv.get("TORCHELASTIC_RUN_ID")]
+            unique = tuple(dict.fromkeys(n for n in names if n and n != _TORCHRUN_DEFAULT_RUN_ID))
+            pipe = penv.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+            out.append(TrainingProcess(pid=pid, rank=rank, job=unique[0] if unique else None,
+                                       pipe=f"{pipe}{rank}.pipe" if pipe else None, names=unique, state=st.state,
+                                       started=st.started, pod=f"{ref[0]}/{ref[1]}" if ref else None))
+        return out
