@@ -4,7 +4,7 @@ The store (SQLite) first holds a month of a 1,000-node fleet's findings (`--hist
 `bench/restart.py` writes them). Each batch is what one node's agent ships (`encode_batch`, gzip):
 container log lines of 8 ranks (Megatron step lines and other output), kernel lines, metric
 changes (DCGM temperature, power, utilisation per GPU), progress samples, and 0.1 % fault lines
-(Xid 13/31/48/63/94/119 and NCCL errors); in the middle, a flood: an Xid 79 on one node of a 64-node
+(Xid 13/31/48/63/94 and NCCL errors); in the middle, a flood: an Xid 79 on one node of a 64-node
 job, then an NCCL timeout from each of its 512 ranks, shipped by their own nodes.
 `--clients` threads post the batches as fast as the service answers; the figures are
 signals/s over the whole run and the p50/p99 of each POST's latency.
@@ -152,6 +152,7 @@ def make_bodies(batches: int, size: int, seed: int, start: float) -> tuple[list[
     signals = faults = 0
     xid, flood = fleet.flood(5, start)
     flood_at = batches // 2
+    seqs: dict[int, int] = {}
     for i in range(batches):
         node = (i * 37) % NODES
         sigs = fleet.batch(node, start + i * 0.01, size, 0.001)
@@ -162,7 +163,8 @@ def make_bodies(batches: int, size: int, seed: int, start: float) -> tuple[list[
         signals += len(sigs)
         faults += sum(1 for s in sigs if isinstance(s.payload, LogLine)
                       and ("Xid" in s.payload.text or "NCCL" in s.payload.text))
-        bodies.append(encode_batch(sigs))
+        seqs[node] = seqs.get(node, 0) + 1  # each node's agent numbers its own batches
+        bodies.append(encode_batch(sigs, producer=f"gpu-node-{node:04d}/bench", seq=seqs[node]))
     return bodies, signals, faults
 
 
@@ -287,13 +289,15 @@ def run(args: argparse.Namespace) -> None:
             fill(db, args.history, open_incidents=100, flood=0)
         fill_s = time.perf_counter() - t
         port = free_port()
-        env = {"KMEND_SYMPTOM_SETTLE_S": "3600", "KMEND_SIM_NODES": "16"}
+        env = {"KMEND_SYMPTOM_SETTLE_S": "3600", "KMEND_SIM_NODES": "16", "KMEND_STORE_LINES": args.store_lines}
         argv = [*_pin(args.core), sys.executable, "-m", "kmend.cli", "serve", "--port", str(port),
                 "--database-url", f"sqlite:///{db}", "--cluster", "sim"]
         with server(argv, port, Path(tmp) / "serve.log", env, "/readyz") as url:
             dt, lat, errors = post_all(url, bodies, args.clients, None)
-            incidents = httpx.get(url + "/v1/incidents", params={"state": "open"}, timeout=60).json()["incidents"]
-        flood = [i for i in incidents if i.get("fault_class") == "gpu_lost"]
+            incidents = httpx.get(url + "/v1/incidents", params={"node": "gpu-node-0323"}, timeout=60).json()
+            flood = [httpx.get(f"{url}/v1/incidents/{i['id']}", timeout=60).json() for i in incidents["incidents"]
+                     if i.get("fault_class") == "gpu_lost"]
+            replay_dt, _, _ = post_all(url, bodies[:50], args.clients, None)
         floor_port = free_port()
         with server([*_pin(args.core), sys.executable, str(Path(__file__).resolve()), "--floor-server",
                      str(floor_port)], floor_port, Path(tmp) / "floor.log",
@@ -310,8 +314,9 @@ def run(args: argparse.Namespace) -> None:
                   "p50_ms": round(_pct(flat, 0.5) * 1000), "p99_ms": round(_pct(flat, 0.99) * 1000),
                   "errors": ferrors},
         "kmend_over_floor": round(fdt / dt, 3),
+        "replayed_batches_per_s": round(50 / replay_dt), "store_lines": args.store_lines,
         "flood_incidents": len(flood),
-        "flood_root_node": flood[0].get("root_cause", {}).get("node") if flood else None,
+        "flood_findings": len(flood[0]["findings"]) if flood else 0,
     }))
 
 
@@ -326,6 +331,7 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=200_000, help="findings already stored (a month, 1,000 nodes)")
     ap.add_argument("--core", type=int, default=0, help="pin each server to this core (-1: no pinning)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--store-lines", choices=["all", "evidence"], default="all", help="KMEND_STORE_LINES")
     args = ap.parse_args()
     if args.core < 0:
         args.core = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from collector.signal import LogLine, MetricSample, ProgressSample, Signal, Source
 from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN
@@ -77,6 +77,16 @@ class SignalBatch(_Strict):
     """A batch of signals; accepted or rejected as a whole."""
 
     signals: list[SignalIn] = Field(max_length=50000)
+    producer: Text | None = Field(default=None, min_length=1, max_length=300)
+    """Who numbered the batch: one agent process (node and a start-up nonce). Older agents send none."""
+    seq: int | None = Field(default=None, ge=1)
+    """The batch's number from its producer, increasing: a number at or below the last one taken is a replay."""
+
+    @model_validator(mode="after")
+    def _numbered_together(self) -> SignalBatch:
+        if (self.producer is None) != (self.seq is None):
+            raise ValueError("producer and seq come together")
+        return self
 
 
 def to_record(s: SignalIn) -> Signal:

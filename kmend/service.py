@@ -159,8 +159,8 @@ class Kmend:
 
     # -- ingest --------------------------------------------------------------------
 
-    def ingest(self, signals: Sequence[Signal]) -> IngestOutcome:
-        """Store and analyze a batch; repeated ids are ignored."""
+    def ingest(self, signals: Sequence[Signal], origin: tuple[str, int] | None = None) -> IngestOutcome:
+        """Store and analyze a batch; repeated ids, or a numbered batch already taken (`origin`), are ignored."""
         with self._lock, self.metrics.batch_seconds.time():
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
             changed: list[SeriesState] = []
@@ -172,7 +172,7 @@ class Kmend:
                 return changed
 
             try:
-                outcome = retrying(lambda: self.store.ingest(signals, analyse, series), self._retry_sleep)
+                outcome = retrying(lambda: self.store.ingest(signals, analyse, series, origin), self._retry_sleep)
             except Exception:
                 # Not transient, or still failing: the correlator may hold findings never stored: rebuild it.
                 self.rebuild()

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
         "an open incident with no new finding for this long resolves on its own, notify-only ones included "
         "(not while it is remediated or a plan for it is unfinished; 0: never)"))
     healer_interval_s: float = 0.5
+    store_lines: Literal["all", "evidence"] = Field("all", description=(
+        "log lines of numbered agent batches kept as rows: all, or only those a finding names as evidence "
+        "(replays are recognised by batch number either way; unnumbered batches keep every line)"))
     retention_signals_s: float = Field(7 * 86400.0, ge=0, description="keep stored log lines this long (0: for ever)")
     retention_incidents_s: float = Field(90 * 86400.0, ge=0, description=(
         "keep resolved and suppressed incidents and their findings this long (0: for ever)"))

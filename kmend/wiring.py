@@ -152,7 +152,7 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     template = template_path.read_text() if template_path.is_file() else ""
     if not template:
         log.warning("no health-check template at %s: validation steps will fail", template_path)
-    store = Store(settings.database_url)
+    store = Store(settings.database_url, lines=settings.store_lines)
     leader = leader or make_leader(settings, leases)
     metrics = metrics or Metrics()
     kmend = Kmend(

@@ -32,9 +32,9 @@ def test_migration_creates_every_table_at_head(database_url: str) -> None:
     tables = set(inspect(store.engine).get_table_names())
     assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version", "audit_log", "breaker",
             "node_requests", "leases_seen"} <= tables
-    assert store.revision() == "0005"
+    assert store.revision() == "0006"
     store.migrate()  # idempotent
-    assert store.revision() == "0005"
+    assert store.revision() == "0006"
     from kmend.store import schema
 
     for table in schema.metadata.tables.values():  # the migrations create exactly the declared columns

@@ -60,18 +60,26 @@ class _Signal(Struct, forbid_unknown_fields=True):
 
 class _Batch(Struct, forbid_unknown_fields=True):
     signals: Annotated[list[_Signal], Meta(max_length=50000)]
+    producer: Annotated[str, Meta(min_length=1, max_length=300)] | None = None
+    seq: Annotated[int, Meta(ge=1)] | None = None
+
+
+Origin = tuple[str, int]
+"""(producer, seq) of a numbered batch."""
 
 
 _DECODER = msgspec.json.Decoder(_Batch)
 
 
-def decode_fast(body: bytes) -> list[Signal] | None:
-    """The batch's signals, or None when the body needs the pydantic model (to be accepted or refused by it)."""
+def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
+    """The batch's signals and origin, or None when the body needs the pydantic model (to accept or refuse it)."""
     if b"\\u0000" in body:
         return None
     try:
         batch = _DECODER.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if (batch.producer is None) != (batch.seq is None):
         return None
     nodes = {s.node for s in batch.signals}
     if any("\n" in n or node_name_problem(n) is not None for n in nodes):
@@ -89,4 +97,4 @@ def decode_fast(body: bytes) -> list[Signal] | None:
             assert isinstance(p, _Progress)
             payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event)
         append(Signal(s.id, s.node, s.source, s.ts, payload))
-    return out
+    return out, None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)

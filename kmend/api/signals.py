@@ -76,7 +76,8 @@ def validation_response(exc: ValidationError) -> JSONResponse:
 
 @router.post("/signals", dependencies=[IngestAuth], responses={400: REJECTED, 413: REJECTED, 422: REJECTED})
 async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDep) -> Any:
-    """Store and analyze a batch of signals. Repeated ids are accepted and ignored."""
+    """Store and analyze a batch of signals. Repeated ids, and a numbered batch at or below its producer's last
+    number, are accepted and ignored."""
     body = await read_body(request, settings.max_batch_bytes)
     decoded = decode_fast(body)
     if decoded is None:  # pydantic accepts what msgspec is stricter about, or names the bad field
@@ -85,10 +86,11 @@ async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDe
         except ValidationError as exc:
             kmend.metrics.rejected.inc()
             return validation_response(exc)
-        decoded = [to_record(s) for s in batch.signals]
+        origin = None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)
+        decoded = ([to_record(s) for s in batch.signals], origin)
     # Store and analysis block (database, lock): off the event loop, so /healthz and other requests go on.
-    signals = server_timed(decoded, kmend, settings)
-    outcome = await run_in_threadpool(kmend.ingest, signals)
+    signals = server_timed(decoded[0], kmend, settings)
+    outcome = await run_in_threadpool(kmend.ingest, signals, decoded[1])
     return {
         "accepted": outcome.accepted,
         "duplicates": outcome.duplicates,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import secrets
 import shutil
 import signal
 import socket
@@ -231,8 +232,10 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
         sources.append(DcgmSource(node=node, fetch=http_fetcher(settings.dcgm_url),
                                   interval=settings.metrics_interval))
     spool = DiskSpool(settings.state_dir / "spool", max_bytes=settings.spool_max_bytes)
+    # A new producer name per start: the batch numbers begin again at 1 without being taken for replays,
+    # and the spool's batches from before keep the name and numbers they were sent with.
     shipper = Shipper(url=settings.service_url, token=settings.bearer(), spool=spool, metrics=metrics,
-                      value_of=build_value_of(settings))
+                      value_of=build_value_of(settings), producer=f"{node}/{secrets.token_hex(6)}")
     log.info("agent on %s: sources %s, prefilter %s", node, [s.name for s in sources],
              prefilter.engine if prefilter else "off")
     return Agent(sources=sources, shipper=shipper, checkpoints=checkpoints, metrics=metrics,

@@ -24,7 +24,7 @@ class Retention:
     """Seconds each kind of row is kept (0: for ever)."""
 
     signals_s: float = 7 * DAY
-    """Stored log lines (evidence and redelivery ids), by their time."""
+    """Stored log lines (evidence and redelivery ids), by their time; producers' batch numbers, by last use."""
     incidents_s: float = 90 * DAY
     """Resolved and suppressed incidents with their findings, by their last finding's time."""
     plans_s: float = 90 * DAY
@@ -69,6 +69,9 @@ def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 5000) -> 
     sig, inc, fnd, plans, steps = schema.signals, schema.incidents, schema.findings, schema.plans, schema.steps
     if keep.signals_s > 0 and (newest := _newest(engine, sig.c.ts)) is not None:
         out["signals"], _ = _drop_before(engine, sig, sig.c.ts, newest - keep.signals_s, chunk)
+    if keep.signals_s > 0:  # an agent process silent this long is gone (its spool replays long done)
+        prod = schema.producers
+        out["producers"], _ = _drop_before(engine, prod, prod.c.updated_at, now - keep.signals_s, chunk)
     if keep.incidents_s > 0 and (newest := _newest(engine, inc.c.updated_at)) is not None:
         out["incidents"], out["findings"] = _drop_before(
             engine, inc, inc.c.updated_at, newest - keep.incidents_s, chunk,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -124,6 +125,14 @@ node_requests = Table(
     Column("updated_at", Float, nullable=False),
     Index("ix_node_requests_node", "node", "state"),
 )
+
+producers = Table(
+    "producers", metadata,
+    Column("id", String(300), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+"""The last batch number taken from each producer (agent process): a replay is one lookup, not a row per signal."""
 
 leases_seen = Table(
     "leases_seen", metadata,

@@ -53,6 +53,11 @@ class IngestOutcome:
     """The newly stored signals."""
 
 
+def _kept(s: Signal) -> bool:
+    """Whether a signal is stored as a row (evidence: log lines and alerts), not only analysed (samples)."""
+    return type(s.payload) is LogLine or s.source is Source.ALERT
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -62,17 +67,14 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def _kept_as_row(signal: Signal) -> bool:
-    """Whether a signal is stored as evidence (log lines, alerts) rather than only analysed (samples)."""
-    return type(signal.payload) is LogLine or signal.source is Source.ALERT
-
-
 class Store:
     """SQLAlchemy Core store; SQLite file by default, PostgreSQL by URL."""
 
-    def __init__(self, url: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time, lines: str = "all") -> None:
         self.url = url
         self.clock = clock
+        self.lines = lines
+        """Lines of numbered batches kept as rows: ``all``, or ``evidence`` (only those a finding names)."""
         self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True, **self._engine_args(url))
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -132,29 +134,55 @@ class Store:
     # -- ingest ---------------------------------------------------------------------
 
     def ingest(self, signals: Sequence[Signal], analyze: Analyze,
-               series: Callable[[], Sequence[SeriesState]] | None = None) -> IngestOutcome:
+               series: Callable[[], Sequence[SeriesState]] | None = None,
+               origin: tuple[str, int] | None = None) -> IngestOutcome:
         """Store new log lines, analyze the batch and store the results — all in one transaction.
 
         Lines and the findings they produced commit together, so a crash can neither lose
         a line's analysis nor analyze a line twice. ``series`` gives the metric series states
         the analysis changed (the last value of each watched series); they commit with it.
+
+        A numbered batch (`origin`: producer, seq) is a replay when its number is at or below the
+        producer's last one: recognised by one lookup.
         """
         unique: dict[str, Signal] = {}
         for s in signals:
             unique.setdefault(s.id, s)
+        if origin is not None:
+            return self._ingest_numbered(list(unique.values()), len(signals), analyze, series, origin)
         # Log lines and alerts are rows: they are the evidence behind findings (an alert is rare and is
         # resent by Alertmanager), and their ids make a redelivery harmless. Metric and progress samples are
         # not: the analyzer keeps the latest values and the windows its detectors need in memory, and the
         # agents' next samples rebuild them after a restart.
-        kept = [s for s in unique.values() if _kept_as_row(s)]
         with self.engine.begin() as conn:
-            new_ids = self._insert_new(conn, kept)
-            fresh = [s for s in unique.values() if s.id in new_ids or not _kept_as_row(s)]
+            new_ids = self._insert_new(conn, [s for s in unique.values() if _kept(s)])
+            fresh = [s for s in unique.values() if s.id in new_ids or not _kept(s)]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             self._write_results(conn, found, changed, merges)
             if fresh and series is not None:
                 self._upsert_series(conn, series())
         return IngestOutcome(len(fresh), len(signals) - len(fresh), tuple(found), tuple(changed), tuple(fresh))
+
+    def _ingest_numbered(self, fresh: list[Signal], sent: int, analyze: Analyze,
+                         series: Callable[[], Sequence[SeriesState]] | None, origin: tuple[str, int]
+                         ) -> IngestOutcome:
+        producer, seq = origin
+        prod = schema.producers
+        with self.engine.begin() as conn:
+            last = conn.execute(select(prod.c.seq).where(prod.c.id == producer)).scalar()
+            if last is not None and seq <= last:
+                return IngestOutcome(0, sent, (), ())
+            found, changed, merges = analyze(fresh) if fresh else ([], [], [])
+            evidence = {e for f in found for e in f.evidence} if self.lines == "evidence" else None
+            self._insert_new(conn, [s for s in fresh if _kept(s) and (evidence is None or s.id in evidence)])
+            stmt = self._insert(prod).values(id=producer, seq=seq, updated_at=self.clock())
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=["id"], set_={"seq": stmt.excluded.seq, "updated_at": stmt.excluded.updated_at},
+                where=prod.c.seq < stmt.excluded.seq))
+            self._write_results(conn, found, changed, merges)
+            if fresh and series is not None:
+                self._upsert_series(conn, series())
+        return IngestOutcome(len(fresh), sent - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
     def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
                ) -> IngestOutcome:
