@@ -27,13 +27,15 @@ def test_restart_with_5000_findings_in_one_incident_is_ready_quickly(tmp_path: P
     first.store.close()
 
     second = make_kmend(settings, cluster=build_cluster(4), notifier=LogNotifier())
-    start = time.monotonic()
+    # CPU seconds, not wall time: a loaded CI machine stretches the wall clock, not the work (replaying the
+    # incident finding by finding took 6.6 s; restoring it as stored takes a fraction of a second).
+    start = time.process_time()
     second.start()
-    took = time.monotonic() - start
+    took = time.process_time() - start
     [after] = second.incidents()
     assert (after.id, after.state, len(after.findings)) == (before.id, before.state, 5000)
     assert after.root_cause == before.root_cause
-    assert took < 2.0, f"restart took {took:.1f} s for one incident of 5,000 findings"
+    assert took < 2.0, f"restart took {took:.1f} CPU-s for one incident of 5,000 findings"
     second.store.close()
 
 
