@@ -18,7 +18,7 @@ clock when it takes the write, not from a poll. Prints one JSON object per measu
   the same number of pods one by one, and from 8 threads, on the same server.
 
 ``--serve-from DIR`` runs `kmend serve` from another source tree (an older checkout) against the
-same server, to compare in one session; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
+same server, to compare on the same machine; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
 
 These are figures against the loopback fake, not a real kube-apiserver: its per-request cost is
 lower, so they bound kmend's own overhead rather than predict a production cluster.

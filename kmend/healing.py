@@ -37,6 +37,7 @@ from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, S
 from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
+from healer.steps.node import set_health
 from healer.workloads import ObjectKey, PodInfo, Workloads
 from kmend.metrics import Metrics
 from kmend.store import Store
@@ -422,7 +423,7 @@ class Healing:
             # Back from repair: it takes work only once the health check passes (the acceptance loop runs it).
             c.add_taint(node, Taint(UNVALIDATED_TAINT_KEY, "repaired", "NoSchedule"))
             c.remove_taint(node, FAULT_TAINT_KEY)
-            c.set_condition(node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
+            set_health(c, node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
             c.uncordon(node)
             c.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
             check = acceptance_plan(Candidate(node, "repaired"), self.policy, self.ctx.clock())

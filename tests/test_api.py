@@ -85,6 +85,7 @@ def test_xid79_and_timeouts_become_one_incident_and_the_node_is_quarantined(serv
     assert node["state"] == "quarantined" and node["cordoned"]
     assert "kmend.io/fault=gpu_lost:NoSchedule" in node["taints"]
     assert node["conditions"]["KmendHealthy"] == "False"
+    assert node["conditions"]["KmendFault"] == "True", "the NPD-style problem condition is True while faulted"
     assert [k for k, v in nodes.items() if v["cordoned"]] == ["gpu-node-02"]
     events = [e for e in served.cluster.events if e.node == "gpu-node-02" and e.reason == "KmendQuarantine"]
     assert len(events) == 1 and summary["id"] in events[0].message

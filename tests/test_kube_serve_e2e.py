@@ -146,6 +146,8 @@ def test_serve_against_a_strict_api_server_heals_an_xid79_end_to_end(tmp_path: P
             _until("gpu-1 quarantined", lambda: api.nodes["gpu-1"]["spec"].get("unschedulable")
                    and any(t["key"] == "kmend.io/fault" for t in api.nodes["gpu-1"]["spec"]["taints"])
                    and any(c["type"] == "KmendHealthy" and c["status"] == "False"
+                           for c in api.nodes["gpu-1"]["status"]["conditions"])
+                   and any(c["type"] == "KmendFault" and c["status"] == "True" and c["reason"] == "GpuLost"
                            for c in api.nodes["gpu-1"]["status"]["conditions"]))
             ev = _until("the quarantine Event", lambda: [e for e in api.events if e["reason"] == "KmendQuarantine"])
             assert ev[0]["metadata"]["namespace"] == "default" and ev[0]["involvedObject"]["name"] == "gpu-1"

@@ -106,12 +106,18 @@ def test_operator_quarantine_and_release(tmp_path: Path) -> None:
         node = s.world.cluster.get_node("gpu-node-06")
         assert node.unschedulable and node.annotations["kmend.io/quarantined-by"] == "operator-token (alice)"
         assert "flapping NIC" in node.annotations["kmend.io/quarantine-reason"]
+        # node-problem-detector's convention: a problem condition is True while the problem lasts.
+        assert {c.type: c.status for c in node.conditions if c.type != "Ready"} == {"KmendHealthy": "False",
+                                                                             "KmendFault": "True"}
         assert s.client.post("/v1/nodes/nope/quarantine", headers=OP).status_code == 404
         r = s.client.post("/v1/nodes/gpu-node-06/release", headers=OP)
         assert r.status_code == 200
         node = s.world.cluster.get_node("gpu-node-06")
         assert not node.unschedulable and node.taint("kmend.io/fault") is None
         assert "kmend.io/quarantined" not in node.labels
+        conditions = {c.type: (c.status, c.reason) for c in node.conditions if c.type != "Ready"}
+        assert conditions == {"KmendHealthy": ("True", "ReleasedByOperator"),
+                              "KmendFault": ("False", "ReleasedByOperator")}
 
 
 def test_spares_are_listed_with_health_and_topology(tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from healer.cluster import ClusterEvent, Condition, PermanentError, Taint
+from healer.cluster import Cluster, ClusterEvent, Condition, PermanentError, Taint
 from healer.keys import (
     CONDITION_TYPE,
     FAULT_TAINT_KEY,
+    PROBLEM_CONDITION_TYPE,
     QUARANTINE_PLAN,
     QUARANTINE_REASON,
     QUARANTINED_AT,
@@ -61,10 +62,24 @@ def label(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     return done(f"labelled {node} {QUARANTINED_LABEL}=true (by {p['by']})")
 
 
+def with_problem_condition(condition: Condition) -> list[Condition]:
+    """kmend's health condition and its node-problem-detector-style twin (``KmendFault``, True while faulted)."""
+    if condition.type != CONDITION_TYPE:
+        return [condition]
+    problem = "False" if condition.status == "True" else "True"
+    return [condition, Condition(PROBLEM_CONDITION_TYPE, problem, condition.reason, condition.message)]
+
+
+def set_health(cluster: Cluster, node: str, condition: Condition) -> None:
+    """Write kmend's health condition and its twin; each write is idempotent, so a resumed step repeats it safely."""
+    for c in with_problem_condition(condition):
+        cluster.set_condition(node, c)
+
+
 def condition(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
-    """Set kmend's node condition."""
+    """Set kmend's node condition (and, for its health condition, the NPD-style problem condition too)."""
     node, p = _node(step), step.params
-    ctx.cluster.set_condition(node, Condition(p["type"], p["status"], p["reason"], p["message"]))
+    set_health(ctx.cluster, node, Condition(p["type"], p["status"], p["reason"], p["message"]))
     return done(f"condition {p['type']}={p['status']} on {node}")
 
 
@@ -93,8 +108,8 @@ def return_to_pool(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcom
         node, labels={SPARE_LABEL: "true", QUARANTINED_LABEL: None},
         annotations={QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None,
                      REPAIR_REQUEST: None, REPAIR_DONE: None, SPARE_FOR: None, SPARE_PLAN: None})
-    ctx.cluster.set_condition(node, Condition(CONDITION_TYPE, "True", "Validated",
-                                              f"validated after incident {plan.incident_id}; returned as a spare"))
+    set_health(ctx.cluster, node, Condition(CONDITION_TYPE, "True", "Validated",
+                                            f"validated after incident {plan.incident_id}; returned as a spare"))
     ctx.cluster.remove_taint(node, FAULT_TAINT_KEY)
     ctx.cluster.uncordon(node)
     ctx.cluster.emit_event(ClusterEvent(node, "KmendReturnedToPool",
@@ -107,8 +122,8 @@ def accept(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     """The health check passed: the unvalidated taint comes off and the node takes work."""
     node = _node(step)
     ctx.cluster.patch_node_metadata(node, annotations={VALIDATED_AT: rfc3339(ctx.clock())})
-    ctx.cluster.set_condition(node, Condition(CONDITION_TYPE, "True", "Validated",
-                                              f"health check passed ({step.params.get('why', 'new')} node)"))
+    set_health(ctx.cluster, node, Condition(CONDITION_TYPE, "True", "Validated",
+                                            f"health check passed ({step.params.get('why', 'new')} node)"))
     ctx.cluster.remove_taint(node, UNVALIDATED_TAINT_KEY)
     ctx.cluster.emit_event(ClusterEvent(node, "KmendValidated", f"kmend plan {plan.id}: {node} passed the health "
                                         "check and takes work", "Normal", key=step.id))
