@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -11,14 +9,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from collector.alertmanager import AlertIn, alert_to_signal, node_of
 from collector.signal import MetricSample
 from tests.agent_helpers import TOKEN, Service
 from tests.conftest import free_port
-
-BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+from tests.procs import ALERTMANAGER
+from tests.procs import alertmanager as run_alertmanager
 
 
 @pytest.fixture
@@ -32,7 +29,7 @@ def service(tmp_path: Path) -> Iterator[Service]:
 
 @pytest.fixture
 def alertmanager(tmp_path: Path, service: Service) -> Iterator[str]:
-    if BINARY is None:
+    if ALERTMANAGER is None:
         pytest.skip("prometheus-alertmanager is not installed (.ci/run installs it)")
     config = {
         "route": {"receiver": "kmend", "group_by": ["alertname", "Hostname", "gpu"],
@@ -42,29 +39,8 @@ def alertmanager(tmp_path: Path, service: Service) -> Iterator[str]:
             "http_config": {"authorization": {"type": "Bearer", "credentials": TOKEN}},
         }]}],
     }
-    cfg = tmp_path / "alertmanager.yml"
-    cfg.write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = subprocess.Popen(
-        [BINARY, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "am.log").open("w"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (tmp_path / "am.log").read_text()
-        assert time.monotonic() < deadline, "alertmanager did not become ready"
-        time.sleep(0.1)
-    try:
+    with run_alertmanager(tmp_path, config, free_port()) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _wait(pred: object, timeout: float = 20.0) -> None:

@@ -14,16 +14,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
 from healer.notify import AlertmanagerNotifier, Announcement, announce
 from tests.conftest import REPO, free_port
+from tests.procs import ALERTMANAGER
+from tests.procs import alertmanager as run_alertmanager
 
 EXAMPLE = REPO / "deploy" / "monitoring" / "alertmanager-example.yaml"
 AMTOOL = shutil.which("amtool")
-BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 def test_amtool_accepts_the_example() -> None:
@@ -58,7 +58,7 @@ class _Receivers:
 
 @pytest.fixture
 def routed(tmp_path: Path) -> Iterator[tuple[str, _Receivers]]:
-    if BINARY is None:
+    if ALERTMANAGER is None:
         pytest.skip("prometheus-alertmanager is not installed (.ci/run installs it)")
     receivers = _Receivers()
     config = yaml.safe_load(EXAMPLE.read_text())
@@ -69,29 +69,10 @@ def routed(tmp_path: Path) -> Iterator[tuple[str, _Receivers]]:
             slack["api_url"] = f"{receivers.url}/{r['name']}"
         for hook in r.get("webhook_configs", []):
             hook["url"] = f"{receivers.url}/{r['name']}"
-    cfg = tmp_path / "alertmanager.yml"
-    cfg.write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = subprocess.Popen(
-        [BINARY, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "am.log").open("w"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, (tmp_path / "am.log").read_text()
-        assert time.monotonic() < deadline, "alertmanager did not become ready"
-        time.sleep(0.1)
     try:
-        yield url, receivers
+        with run_alertmanager(tmp_path, config, free_port()) as url:
+            yield url, receivers
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
         receivers.server.shutdown()
 
 

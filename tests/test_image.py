@@ -4,10 +4,12 @@ image — the source tree laid out as the Dockerfile copies it, with only the ba
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.metadata as md
 import json
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -84,24 +86,10 @@ def test_the_agent_install_leaves_the_control_planes_libraries_out() -> None:
     assert CONTROL_PLANE_ONLY - {"torch"} <= service
 
 
-def _closure(reqs: list[str]) -> set[str]:
-    """The distributions `pip install` brings in for these requirements (as installed here)."""
-    seen: set[str] = set()
-    todo = [(Requirement(r), "") for r in reqs]
-    while todo:
-        req, extra = todo.pop()
-        if req.marker and not req.marker.evaluate({"extra": extra}):
-            continue
-        name = canonicalize_name(req.name)
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            requires = md.requires(req.name) or []
-        except md.PackageNotFoundError:
-            continue
-        todo += [(Requirement(r), e) for r in requires for e in ("", *req.extras)]
-    return seen
+@functools.cache
+def _gen_constraints() -> dict[str, Any]:
+    """deploy/tools/gen_constraints.py's functions: what `pip install` brings in, as the image pins it."""
+    return runpy.run_path(str(REPO / "deploy" / "tools" / "gen_constraints.py"))
 
 
 def _image_tree(dest: Path) -> Path:
@@ -115,7 +103,7 @@ def _image_tree(dest: Path) -> Path:
 
 def _importable_in_agent_image(tree: Path) -> set[str]:
     """Top-level modules the agent image has: kmend's packages and those of the base dependencies."""
-    dists = _closure(PYPROJECT["project"]["dependencies"])
+    dists = set(_gen_constraints()["closure"](PYPROJECT["project"]["dependencies"]))
     allowed = {top for top, owners in md.packages_distributions().items()
                if any(canonicalize_name(d) in dists for d in owners)}
     return allowed | {p.name for p in tree.iterdir() if (p / "__init__.py").exists()}
@@ -227,7 +215,7 @@ def test_control_plane_commands_without_the_service_extra_say_what_to_install(tm
 
 
 def test_the_image_installs_the_tested_versions_of_every_dependency() -> None:
-    gen = __import__("runpy").run_path(str(REPO / "deploy" / "tools" / "gen_constraints.py"))
+    gen = _gen_constraints()
     pinned = {}
     for line in (REPO / "deploy" / "image" / "constraints.txt").read_text().splitlines():
         if line and not line.startswith("#"):
