@@ -29,6 +29,7 @@ from typing import IO, Any
 import httpx
 
 from tests.conftest import REPO, free_port
+from tests.procs import wait_ready
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 INJECT = JOBS / "inject"
@@ -228,15 +229,7 @@ def running_kmend(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Kmen
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=10) as client:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline and service.p.poll() is None, (tmp / "service.log").read_text()
-                time.sleep(0.1)
+            wait_ready(url, service.p, log=tmp / "service.log")
             agent = Proc(["agent", "--node", NODE, "--service-url", url, "--state-dir", str(tmp / "agent"),
                           "--pods-root", str(pods), "--kernel", "off", "--no-nvml", "--no-pod-labels",
                           "--ib-root", str(tmp / "no-ib"), "--poll-interval", "0.2", "--flush-interval", "0.2",
