@@ -109,3 +109,16 @@ def test_every_progress_rule_example_passes_the_agent_prefilter(tmp_path: Path) 
                 for rule in yaml.safe_load(pack.read_text())["rules"] for ex in rule["examples"]]
     assert len(examples) > 10
     assert [(rid, line) for rid, line in examples if not prefilter.matches(line)] == []
+
+
+def test_the_prefilter_keeps_crlf_lines_and_lines_with_a_vertical_tab(tmp_path: Path) -> None:
+    # The scan reads raw bytes: a CRLF file keeps its "\r" before the newline (which a "$"-anchored rule must
+    # allow), and hyperscan's \S leaves out the vertical tab that RE2's (the service's confirmation) takes in.
+    prefilter = build_prefilter(_settings(tmp_path))
+    assert prefilter is not None
+
+    def lines_hit(buf: bytes) -> set[int]:
+        return {buf[:end].count(b"\n") for end in prefilter.scan(buf)}
+
+    assert lines_hit(b"noise\r\nNo devices were found\r\nmore\r\n") == {1}
+    assert lines_hit(b"noise\nRuntimeError: File my\x0b_out/checkpoints/checkpoint_0.pt cannot be opened.\n") == {1}

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from analyzer.exact import hyperscan_pattern
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
 from analyzer.rules import RuleError, default_rules_dir, load_rules
 from collector.agent import Agent
@@ -146,8 +147,10 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
         progress = load_progress_rules(settings.progress_rules_dirs)
     except RuleError as exc:
         raise ConfigError(f"KMEND_AGENT_RULES_DIRS / KMEND_AGENT_PROGRESS_RULES_DIRS: {exc}") from None
-    return RegexPrefilter([r.pattern for r in rules] + [r.regex.pattern for r in progress]
-                          + list(settings.prefilter_extra))
+    # As the service's hyperscan database holds them: "$" also before a "\r" (CRLF files), "\S" also the
+    # vertical tab. A prefilter may only widen what the rules match, never narrow it.
+    patterns = [r.pattern for r in rules] + [r.regex.pattern for r in progress] + list(settings.prefilter_extra)
+    return RegexPrefilter([hyperscan_pattern(p) for p in patterns])
 
 
 def build_value_of(settings: AgentSettings) -> Callable[[Signal], Value]:
