@@ -111,8 +111,9 @@ def test_resumed_plan_runs_only_unfinished_steps_and_applies_each_once(shipped_r
     h.cluster.cordon("gpu-node-01")  # applied before the crash; the journal says the taint step was running
     h.cluster.calls.clear()
     done = h.executor.execute(crashed_at(plan, 2))
-    assert [op for op, _ in h.cluster.calls][:4] == ["add_taint", "patch_node_metadata", "set_condition",
-                                                     "emit_event"]
+    # The condition step writes KmendHealthy and its node-problem-detector-style twin KmendFault.
+    assert [op for op, _ in h.cluster.calls][:5] == ["add_taint", "patch_node_metadata", "set_condition",
+                                                     "set_condition", "emit_event"]
     assert [t.value for t in h.cluster.get_node("gpu-node-01").taints if t.key == FAULT_TAINT_KEY] == ["gpu_lost"]
     # The event step crashed after recording: it is keyed by its step id and not recorded twice.
     again = h.executor.execute(crashed_at(done, 5))
