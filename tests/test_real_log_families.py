@@ -23,6 +23,8 @@ FAMILIES = {
     "cuda unspecified launch failure": ["basicsr-211-unspecified-launch-failure"],
     "cublas not supported": ["deepspeed-6723-cublas-not-supported", "bminf-52-cublaslt-not-supported"],
     "xla and tensorflow gpu oom": ["alphafold-1023-resource-exhausted", "segan-42-oom-tensor-shape"],
+    "ggml cudamalloc oom": ["llama-cpp-20431-cudamalloc-144gib-device-0",
+                            "llama-cpp-pr26297-cudamalloc-device-1-compute-buffer"],
     "job mistakes that look like hardware": ["torchkeras-20-tensors-nll-loss", "suod-15-erofs-site-packages",
                                              "caduceus-58-emfile-dataloader-pipe",
                                              "powersgd-21-store-barrier-world-size"],
