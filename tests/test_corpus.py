@@ -18,8 +18,8 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.955, "hardware_accuracy": 0.955, "action_accuracy": 0.95},
-    "heldout": {"class_accuracy": 0.75, "hardware_accuracy": 0.77, "action_accuracy": 0.75},
+    "dev": {"class_accuracy": 0.96, "hardware_accuracy": 0.965, "action_accuracy": 0.955},
+    "heldout": {"class_accuracy": 0.75, "hardware_accuracy": 0.775, "action_accuracy": 0.75},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 3}
 
@@ -30,8 +30,8 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 540
-    assert sum(e.benign for e in entries) >= 110
+    assert len(entries) >= 570
+    assert sum(e.benign for e in entries) >= 116
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
     assert len({e.text.strip() for e in entries}) == len(entries)

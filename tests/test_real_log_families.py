@@ -23,6 +23,8 @@ FAMILIES = {
     "cuda unspecified launch failure": ["basicsr-211-unspecified-launch-failure"],
     "cublas not supported": ["deepspeed-6723-cublas-not-supported", "bminf-52-cublaslt-not-supported"],
     "xla and tensorflow gpu oom": ["alphafold-1023-resource-exhausted", "segan-42-oom-tensor-shape"],
+    "ggml cudamalloc oom": ["llama-cpp-20431-cudamalloc-144gib-device-0",
+                            "llama-cpp-pr26297-cudamalloc-device-1-compute-buffer"],
     "job mistakes that look like hardware": ["torchkeras-20-tensors-nll-loss", "suod-15-erofs-site-packages",
                                              "caduceus-58-emfile-dataloader-pipe",
                                              "powersgd-21-store-barrier-world-size"],
@@ -35,9 +37,15 @@ FAMILIES = {
                              "cosmic-epoch-3411-open-module-no-gsp"],
     "host oom in slurm": ["arjuna-52-slurm-cgroup-oom-kill"],
     "storage": ["gcs-fuse-csi-50-enotconn-mkdir", "deepracer-core-81-s3-put-clock-skew",
-                "longhorn-193-medium-error-remount-ro"],
+                "longhorn-193-medium-error-remount-ro", "s3fs-2176-unable-to-access-mountpoint-enotconn"],
+    "gsp stops answering without an xid": ["ogkm-1230-gsp-heartbeat-sysmembar-timeout"],
+    "thc-era cuda runtime error spelling": ["depthawarecnn-12-cuda-runtime-error-77"],
+    "socket bootstrap to loopback": ["awsome-192-socket-connect-abort-loopback"],
+    "ib port events in every nccl spelling": ["llm-d-191-ib-async-error-event-port-flap",
+                                              "gpud-pr482-ibstat-down-polling"],
 }
-BENIGN = ["kubernetes-43516-ready-again", "hamonikr-13-ext4-remounted-opts", "open-gpu-1098-boot-empty-line"]
+BENIGN = ["kubernetes-43516-ready-again", "hamonikr-13-ext4-remounted-opts", "open-gpu-1098-boot-empty-line",
+          "nccl-1231-plugin-dlerror-harmless", "nccl-352-no-plugin-no-ib-device-loopback-socket"]
 
 
 @pytest.fixture(scope="module")
