@@ -115,9 +115,19 @@ def test_operator_quarantine_and_release(tmp_path: Path) -> None:
         node = s.world.cluster.get_node("gpu-node-06")
         assert not node.unschedulable and node.taint("kmend.io/fault") is None
         assert "kmend.io/quarantined" not in node.labels
+        # Released first, then the acceptance check (run by the healer loop, so it may already have passed).
         conditions = {c.type: (c.status, c.reason) for c in node.conditions if c.type != "Ready"}
-        assert conditions == {"KmendHealthy": ("True", "ReleasedByOperator"),
-                              "KmendFault": ("False", "ReleasedByOperator")}
+        assert conditions in ({"KmendHealthy": ("True", "ReleasedByOperator"),
+                               "KmendFault": ("False", "ReleasedByOperator")},
+                              {"KmendHealthy": ("True", "Validated"), "KmendFault": ("False", "Validated")})
+        reasons = [e.reason for e in s.world.cluster.events if e.node == "gpu-node-06"]
+        assert "KmendReleased" in reasons
+        s.wait(lambda: s.world.cluster.get_node("gpu-node-06").taint("kmend.io/unvalidated") is None)
+        node = s.world.cluster.get_node("gpu-node-06")
+        assert {c.type: (c.status, c.reason) for c in node.conditions if c.type != "Ready"} == {
+            "KmendHealthy": ("True", "Validated"), "KmendFault": ("False", "Validated")}
+        reasons = [e.reason for e in s.world.cluster.events if e.node == "gpu-node-06"]
+        assert reasons.index("KmendReleased") < reasons.index("KmendValidated")
 
 
 def test_spares_are_listed_with_health_and_topology(tmp_path: Path) -> None:
