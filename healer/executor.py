@@ -45,6 +45,8 @@ RUNNERS: dict[StepKind, StepRunner] = {
     StepKind.VALIDATE: repair.validate,
 }
 """Every step kind's runner."""
+LOCAL_STEPS = frozenset({StepKind.EVIDENCE})
+"""Steps that change nothing outside the journal: run in memory and journaled with the next step's intent."""
 
 
 class Journal(Protocol):
@@ -94,7 +96,7 @@ class PlanExecutor:
         self.on_plan = on_plan
         self._admission = threading.Lock()
 
-    def execute(self, plan: Plan, *, stop_before: Collection[StepKind] = ()) -> Plan:
+    def execute(self, plan: Plan, *, stop_before: Collection[StepKind] = (), journaled: bool = True) -> Plan:
         """Run every unfinished step in order; stops at a waiting, failed or blocked step.
 
         Safe to call for different plans from several threads: the brakes are checked, and an allowed step
@@ -102,8 +104,15 @@ class PlanExecutor:
 
         With ``stop_before``, it also stops (the plan still running) at the first unfinished step of one
         of those kinds: the healer quarantines every node of a batch before draining any of them.
+
+        A plan that is not in the journal yet (``journaled=False``), the plan's start and the steps that change
+        nothing outside the journal (``LOCAL_STEPS``) are written in one transaction with the intent of the first
+        step that acts: a new plan's cordon follows one commit, not five. A crash before that commit leaves no
+        trace to resume and nothing done; the incident is planned again.
         """
         if plan.state in FINAL_PLAN_STATES:
+            if not journaled:
+                self.journal.save_plan(plan)
             return plan
         if plan.mode is Mode.DRY_RUN:
             skipped = tuple(replace(s, state=StepState.SKIPPED, result="dry-run: would " + describe(s))
@@ -111,17 +120,48 @@ class PlanExecutor:
             done = replace(plan, steps=skipped, state=PlanState.DRY_RUN)
             self.journal.save_plan(done)
             return done
+        unsaved = not journaled
+        """The plan row or a step's state is not in the journal yet."""
         if plan.state is not PlanState.RUNNING:
             plan = replace(plan, state=PlanState.RUNNING, reason=plan.reason.split(" | blocked:")[0])
-            self.journal.save_plan(plan)
+            unsaved = True
+        seen = plan
+        """The plan as the journal (and so the brakes of other plans) last saw it."""
         steps = list(plan.steps)
         asked = False
+
+        def write(step: ActionStep | None = None) -> None:
+            """Journal what ran in memory and, with ``step``, that step's intent: one transaction."""
+            nonlocal unsaved, seen
+            current = replace(plan, steps=tuple(steps))
+            if step is not None:
+                current = replace(current, steps=tuple(step if s.id == step.id else s for s in current.steps))
+            if unsaved:
+                self.journal.save_plan(current)
+            elif step is not None:
+                self.journal.save_step(plan.id, step)
+            unsaved = False
+            seen = current
+
         for i, step in enumerate(steps):
             if step.state in DONE_STEP_STATES:
                 continue
-            if step.kind in stop_before:
+            if step.kind in stop_before or not self.is_leader():
+                write()
                 return plan
-            if not self.is_leader():
+            if step.kind in LOCAL_STEPS:
+                finished = self._run(replace(step, state=StepState.RUNNING), plan)
+                steps[i] = finished
+                plan = replace(plan, steps=tuple(steps))
+                unsaved = True
+                if self.on_step:
+                    self.on_step(plan, finished)
+                if finished.state is StepState.SUCCEEDED:
+                    continue
+                if finished.state is StepState.FAILED:
+                    return self._finish(plan, PlanState.FAILED, Announcement.PLAN_FAILED,
+                                        f"step {finished.kind.value} failed: {finished.result}")
+                write()
                 return plan
             # Asked once per call, before its first step: the steps of one call follow each other within
             # milliseconds, and a node read before each would double the API calls of a quarantine.
@@ -131,11 +171,12 @@ class PlanExecutor:
             admitted = False
             if self.guard is not None:
                 with self._admission:
-                    verdict = self.guard.check(plan, step)
+                    # The brakes judge the plan as the journal holds it: steps run in memory do not make it started.
+                    verdict = self.guard.check(seen, step)
                     if verdict.kind is VerdictKind.ALLOW:
                         # Journaled as running before the next plan's check: plans run in parallel each count
                         # the others' cordons, so together they never pass the breaker.
-                        self.journal.save_step(plan.id, replace(step, state=StepState.RUNNING))
+                        write(replace(step, state=StepState.RUNNING))
                         admitted = True
                 if verdict.kind is VerdictKind.BLOCK:
                     blocked = replace(plan, state=PlanState.BLOCKED,
@@ -149,18 +190,20 @@ class PlanExecutor:
                 if verdict.kind is VerdictKind.WAIT:
                     if step.result != verdict.reason:
                         step = replace(step, state=StepState.WAITING, result=verdict.reason)
-                        self.journal.save_step(plan.id, step)
                         steps[i] = step
+                        unsaved = True
+                    write()
                     return replace(plan, steps=tuple(steps))
             finished = step
             for attempt in range(50):  # a waiting step that made progress runs again at once
                 before = finished
                 if not (admitted and attempt == 0):
-                    self.journal.save_step(plan.id, replace(finished, state=StepState.RUNNING))
+                    write(replace(finished, state=StepState.RUNNING))
                 finished = self._run(replace(finished, state=StepState.RUNNING), plan)
                 self.journal.save_step(plan.id, finished)
                 steps[i] = finished
                 plan = replace(plan, steps=tuple(steps))
+                seen = plan
                 if finished.state is not StepState.WAITING or finished.outputs == before.outputs:
                     break
                 if not self.is_leader():

@@ -76,7 +76,7 @@ class Healing:
 
     def __init__(self, store: Store, ctx: StepContext, policy: PolicyFile, config: PolicyConfig, leader: Leader,
                  metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None,
-                 resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8) -> None:
+                 resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8, resync_s: float = 30.0) -> None:
         self.store = store
         self.ctx = ctx
         self.policy = policy
@@ -101,6 +101,13 @@ class Healing:
         self._due: dict[str, tuple[float, float]] = {}
         """Per running plan: when it is asked again, and the wait that gave that time."""
         self._accepted_at = float("-inf")
+        self._plan_ids: set[str] | None = None
+        """Ids of the journal's plans, read once per leadership: only the leader makes incidents' plans."""
+        self._runnable: dict[str, None] | None = None
+        """Ids of the plans the loop resumes (running or pending), oldest first: a round reads only the due ones."""
+        self.resync_s = resync_s
+        """How often the runnable ids are read again from the journal (a plan another replica's API saved)."""
+        self._synced_at = float("-inf")
 
     @property
     def notifier(self) -> Notifier:
@@ -123,33 +130,35 @@ class Healing:
         with self.lock:
             if not self.leader.tick():
                 self.metrics.leader.set(0)
+                self._plan_ids = self._runnable = None
                 return []
             self.metrics.leader.set(1)
             now = self.ctx.clock()
+            if self._runnable is None or now - self._synced_at >= self.resync_s:
+                # Once per leadership and every resync_s, not every round: the loop tracks what it runs.
+                self._runnable = dict.fromkeys(self.store.runnable_plan_ids())
+                self._synced_at = now
             touched = self._plan_new(incidents, set_state, now, interrupted)
             fresh = {p.id for p in touched}
-            running = self.store.list_plans(state=PlanState.RUNNING.value)
-            self._due = {p.id: self._due[p.id] for p in running if p.id in self._due}
+            self._due = {k: v for k, v in self._due.items() if k in self._runnable}
             # At least one plan per round goes on, however often new work interrupts: none waits forever.
             resumed = 0
-            for p in running:
-                if p.id in fresh or self._due.get(p.id, (0.0, 0.0))[0] > now:
+            for pid in list(self._runnable):
+                if pid in fresh or self._due.get(pid, (0.0, 0.0))[0] > now:
                     continue
                 if resumed and interrupted():
                     return touched
-                touched.append(self._resume(p, set_state, now))
-                resumed += 1
-            # A plan saved but not yet started when the process died is picked up here.
-            for p in self.store.list_plans(state=PlanState.PENDING.value):
-                if p.id in fresh:
+                p = self.store.get_plan(pid)
+                if p is None or p.state not in (PlanState.RUNNING, PlanState.PENDING):
+                    self._runnable.pop(pid, None)
                     continue
-                if resumed and interrupted():
-                    return touched
                 resumed += 1
-                if p.mode is Mode.APPROVAL:
+                if p.state is PlanState.PENDING and p.mode is Mode.APPROVAL:
+                    # Saved but not yet announced when the process died.
                     p = replace(p, state=PlanState.AWAITING_APPROVAL)
                     self.store.save_plan(p)
                     self._announce(Announcement.NEEDS_APPROVAL, p)
+                    self._track(p)
                     touched.append(p)
                 else:
                     touched.append(self._resume(p, set_state, now))
@@ -165,7 +174,9 @@ class Healing:
         The rest of each plan follows in the same round unless new work has come meanwhile: then it is left
         to the resumes of the next rounds, after that work's quarantines.
         """
-        known = self.store.plan_ids()
+        if self._plan_ids is None:
+            self._plan_ids = self.store.plan_ids()
+        known = self._plan_ids
         made: list[Plan] = []
         for inc in incidents:
             if inc.state not in ACTIVE or plan_id_for(inc) in known:
@@ -181,7 +192,10 @@ class Healing:
             if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
                 continue
             plan = choose_plan(inc, self.policy, self.config, ctx)
-            self.store.save_plan(plan)
+            known.add(plan.id)
+            if plan.mode is not Mode.AUTO:
+                # An automatic plan is journaled with its cordon's intent, in one transaction (_quarantine).
+                self.store.save_plan(plan)
             self.metrics.plans.labels(plan.policy, plan.mode.value).inc()
             if plan.mode is Mode.APPROVAL:
                 self._announce(Announcement.PLAN_CREATED, plan)
@@ -191,7 +205,7 @@ class Healing:
             elif plan.mode is not Mode.AUTO:
                 self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
-        made = self._quarantine(made)
+        made = [self._track(p) for p in self._quarantine(made)]
         if interrupted():
             return [self._settle(p, set_state) for p in made]
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
@@ -206,7 +220,7 @@ class Healing:
         auto = [i for i, p in enumerate(plans) if p.mode is Mode.AUTO]
 
         def head(plan: Plan) -> Plan:
-            done = self.executor.execute(plan, stop_before=AFTER_QUARANTINE)
+            done = self._track(self.executor.execute(plan, stop_before=AFTER_QUARANTINE, journaled=False))
             self._announce(Announcement.PLAN_CREATED, done)
             return done
 
@@ -247,7 +261,7 @@ class Healing:
         for c in due:
             plan = acceptance_plan(c, self.policy, now)
             self.store.save_plan(plan)
-            out.append(self.executor.execute(plan))
+            out.append(self._track(self.executor.execute(plan)))
         return out
 
     def node_records(self) -> dict[str, dict[str, Any]]:
@@ -273,7 +287,16 @@ class Healing:
         return out
 
     def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
-        return self._settle(self.executor.execute(plan), set_state)
+        return self._settle(self._track(self.executor.execute(plan)), set_state)
+
+    def _track(self, plan: Plan) -> Plan:
+        """Keep the runnable ids current: the loop asks a plan again only while it is running or pending."""
+        if self._runnable is not None:
+            if plan.state in (PlanState.RUNNING, PlanState.PENDING):
+                self._runnable.setdefault(plan.id)
+            else:
+                self._runnable.pop(plan.id, None)
+        return plan
 
     @staticmethod
     def _settle(done: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
@@ -376,7 +399,7 @@ class Healing:
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}: only waiting plans can be rejected")
             plan = replace(plan, state=PlanState.REJECTED, reason=f"{plan.reason} | rejected by {by}")
             self.store.save_plan(plan)
-            return plan
+            return self._track(plan)
 
     def execute(self, plan_id: str, by: str, set_state: Callable[[str, IncidentState, str], None], *,
                 dry_run: bool) -> tuple[Plan, list[dict[str, str]]]:
@@ -404,8 +427,7 @@ class Healing:
         with self.lock:
             self.ctx.cluster.get_node(node)  # NotFoundError → 404
             plan = operator_quarantine_plan(node, by, reason, self.ctx.clock())
-            self.store.save_plan(plan)
-            return self.executor.execute(plan)
+            return self._track(self.executor.execute(plan, journaled=False))
 
     def release(self, node: str, by: str) -> list[str]:
         """An operator puts the node back in service: kmend's plans for it are cancelled, its marks removed."""
@@ -428,6 +450,7 @@ class Healing:
             c.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
             check = acceptance_plan(Candidate(node, "repaired"), self.policy, self.ctx.clock())
             self.store.save_plan(check)  # the healer loop runs it (and resumes it after a crash)
+            self._track(check)
             return cancelled
 
     def breaker(self) -> BreakerState:

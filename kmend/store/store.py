@@ -20,7 +20,7 @@ from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
 from collector.signal import LogLine, Signal, Source
 from collector.wire import to_wire
-from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, StepState
+from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, PlanState, StepState
 from kmend.serialize import (
     finding_from_dict,
     finding_to_dict,
@@ -83,7 +83,10 @@ class Store:
         # Built once: the journal writes these on every step transition, and SQLAlchemy caches them compiled.
         plan_stmt = self._insert(schema.plans)
         self._plan_upsert = plan_stmt.on_conflict_do_update(
-            index_elements=["id"], set_={k: plan_stmt.excluded[k] for k in ("state", "mode", "updated_at", "body")})
+            index_elements=["id"], set_={**{k: plan_stmt.excluded[k] for k in ("state", "mode", "updated_at", "body")},
+                                         # The first start counts for the brakes; a later save keeps it.
+                                         "started_at": func.coalesce(schema.plans.c.started_at,
+                                                                     plan_stmt.excluded.started_at)})
         step_stmt = self._insert(schema.steps)
         self._step_upsert = step_stmt.on_conflict_do_update(
             index_elements=["id"], set_={k: step_stmt.excluded[k] for k in ("state", "result", "updated_at",
@@ -337,12 +340,13 @@ class Store:
     # -- plans: the healer's journal ----------------------------------------------------
 
     def save_plan(self, plan: Plan) -> None:
-        """Insert or update a plan and all its steps (Journal)."""
+        """Insert or update a plan and all its steps in one transaction (Journal); started once a step has run."""
         now = self.clock()
+        started = now if any(s.state not in (StepState.PENDING, StepState.SKIPPED) for s in plan.steps) else None
         with self.engine.begin() as conn:
             row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
                    "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
-                   "node": plan.node, "job": plan.job}
+                   "node": plan.node, "job": plan.job, "started_at": started}
             conn.execute(self._plan_upsert, row)
             for idx, s in enumerate(plan.steps):
                 self._upsert_step(conn, plan.id, idx, s, now)
@@ -418,6 +422,14 @@ class Store:
     def prune(self, keep: Retention) -> dict[str, int]:
         """Delete rows past their retention (small transactions); returns rows deleted per table."""
         return prune(self.engine, keep, self.clock())
+
+    def runnable_plan_ids(self) -> list[str]:
+        """Ids of the plans the healer loop resumes (running or pending), oldest first; no bodies are read."""
+        p = schema.plans
+        q = (select(p.c.id).where(p.c.state.in_([PlanState.RUNNING.value, PlanState.PENDING.value]))
+             .order_by(p.c.created_at, p.c.id))
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(q)]
 
     def plan_ids(self) -> set[str]:
         """Ids of all stored plans."""
