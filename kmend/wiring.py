@@ -72,7 +72,7 @@ def make_ports(settings: Settings) -> Ports:
 
         log.info("acting on a real cluster")
         cluster = KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
-                                          event_namespace=settings.event_namespace)
+                                          event_namespace=settings.event_namespace, node_cache=True)
         return Ports(cluster, KubeWorkloads(cluster.api), KubeLeases(cluster.api))
     log.info("acting on a simulated cluster of %d nodes", settings.sim_nodes)
     job = JobSpec("llama-70b-pretrain", settings.sim_job_nodes, checkpoint_path=settings.sim_checkpoint_path) \

@@ -8,8 +8,8 @@ with ``generateName`` (422 for one about a Node outside ``default``); pods liste
 with field selectors and ``limit``/``continue``
 pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
 the UID precondition fails), deleted by setting ``deletionTimestamp`` while
-bound; pod lists carry the current ``resourceVersion`` and ``watch=true`` streams
-pod changes from it (``tests/fake_watch.py``); PodGroup custom objects once their
+bound; pod and node lists carry the current ``resourceVersion`` and ``watch=true`` streams
+their changes from it (``tests/fake_watch.py``); PodGroup custom objects once their
 CRD is installed. Errors can be queued per method and path to test retries. What
 the Workloads port uses (pod create/patch/eviction, ConfigMaps, Jobs, budgets,
 other custom objects) is in ``tests/fake_apiserver_objects.py``, pods and bindings in ``tests/fake_pods.py``,
@@ -64,6 +64,8 @@ class FakeApiServer:
         self._lock = threading.Lock()
         self.watch = PodWatchLog(self._lock)
         """Pod watch history and stream controls (``end_streams``, ``expire``)."""
+        self.node_watch = PodWatchLog(self._lock, kind="Node")
+        """Node watch history and stream controls, as for pods."""
         self._rv = self._versions()
         self.workload = ObjectRoutes(self.pods, lambda: str(next(self._rv)), _now, self.watch.record)
         server = self
@@ -104,6 +106,9 @@ class FakeApiServer:
                         return
                 if watching and path == "/api/v1/pods":
                     server.watch.serve(self, query)
+                    return
+                if watching and path == "/api/v1/nodes":
+                    server.node_watch.serve(self, query)
                     return
                 ctype = self.headers.get("Content-Type", "")
                 refused, warning = fake_schema.field_check(method, path, body, ctype, query)
@@ -147,7 +152,7 @@ class FakeApiServer:
 
     def _versions(self) -> Iterator[int]:
         for n in itertools.count(100):
-            self.watch.version = n
+            self.watch.version = self.node_watch.version = n
             yield n
 
     def pod_changed(self, kind: str, pod: dict[str, Any]) -> None:
@@ -255,8 +260,17 @@ class FakeApiServer:
     def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
         """Create a Ready node directly (as if a kubelet had registered it)."""
         self.handle("POST", "/api/v1/nodes", {"metadata": {"name": name, "labels": labels or {}}}, "")
-        self.nodes[name]["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
-        self.nodes[name]["spec"]["taints"] = []
+        with self._lock:
+            node = self.nodes[name]
+            node["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+            node["spec"]["taints"] = []
+            self.node_changed("MODIFIED", node)
+
+    def node_changed(self, kind: str, node: dict[str, Any]) -> None:
+        """A node was changed outside the API (a kubelet, a test): new resourceVersion, and the event for watchers.
+        Caller holds the lock."""
+        node["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.node_watch.record(kind, node)
 
     # -- the API -------------------------------------------------------------------
 
@@ -297,6 +311,7 @@ class FakeApiServer:
                         "spec": {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
                         "status": {"conditions": []}}
                 self.nodes[name] = node
+                self.node_watch.record("ADDED", node)
                 return 201, copy.deepcopy(node)
         m = re.fullmatch(r"/api/v1/nodes/([^/]+)(/status)?", path)
         if m:
@@ -307,7 +322,7 @@ class FakeApiServer:
             if method == "GET":
                 return 200, copy.deepcopy(node)
             if method == "DELETE":
-                del self.nodes[name]
+                self.node_watch.record("DELETED", self.nodes.pop(name))
                 return 200, {"kind": "Status", "status": "Success"}
             if method == "PATCH":
                 if "strategic-merge-patch" not in ctype and "merge-patch" not in ctype:
@@ -391,6 +406,7 @@ class FakeApiServer:
                     merged = {**node["metadata"].get(key, {}), **body["metadata"][key]}
                     node["metadata"][key] = {k: v for k, v in merged.items() if v is not None}
         node["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.node_watch.record("MODIFIED", node)
         return 200, copy.deepcopy(node)
 
 

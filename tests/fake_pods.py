@@ -69,7 +69,7 @@ def pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: 
     if path == "/api/v1/nodes" and method == "GET":
         selected = [server.nodes[n] for n in sorted(server.nodes)
                     if labels_match(server.nodes[n]["metadata"].get("labels") or {}, query.get("labelSelector", ""))]
-        return _page(selected, "NodeList", query)
+        return _page(selected, "NodeList", query, server.node_watch.version)
     m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?", path)
     if m:
         key = (m.group(1), m.group(2))

@@ -30,8 +30,10 @@ class PodWatchLog:
     The condition shares the server's lock: changes are recorded by code that holds it already.
     """
 
-    def __init__(self, lock: threading.Lock, *, bookmark_s: float = 0.1) -> None:
+    def __init__(self, lock: threading.Lock, *, bookmark_s: float = 0.1, kind: str = "Pod") -> None:
         self.changed = threading.Condition(lock)
+        self.kind = kind
+        """The kind the stream's BOOKMARK events name."""
         self.bookmark_s = bookmark_s
         """Seconds an idle stream waits before a BOOKMARK."""
         self.events: list[tuple[int, str, Json]] = []
@@ -109,7 +111,7 @@ class PodWatchLog:
                     return
                 if not pending and bookmarks:
                     self._send(handler, {"type": "BOOKMARK", "object": {
-                        "kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(now_version)}}})
+                        "kind": self.kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(now_version)}}})
                     pos = max(pos, now_version)
         except OSError:
             return  # the client went away

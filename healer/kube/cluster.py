@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import socket
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from healer.cluster import (
     Taint,
     TemporaryError,
 )
+from healer.kube.cache import ListWatchCache
 
 T = TypeVar("T")
 _CONFLICT_RETRIES = 5
@@ -105,9 +107,13 @@ class KubeCluster:
     """Cluster port on the Kubernetes API."""
 
     def __init__(self, api: client.ApiClient, *, event_namespace: str = "default",
-                 component: str = "kmend", request_timeout_s: float = 10.0) -> None:
+                 component: str = "kmend", request_timeout_s: float = 10.0, node_cache: bool = False) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
+        self.node_cache = node_cache
+        """``list_nodes`` answers from a watch-fed cache (one list, then a watch) instead of a list per call."""
+        self._nodes: ListWatchCache[NodeInfo] | None = None
+        self._nodes_lock = threading.Lock()
         # Only for events about namespaced objects; Node events always go to `default` (see emit_event).
         self.event_namespace = event_namespace
         self.component = component
@@ -135,11 +141,31 @@ class KubeCluster:
         return cls(client.ApiClient(cfg), **kwargs)
 
     def list_nodes(self, labels: Mapping[str, str] | None = None) -> Sequence[NodeInfo]:
+        if self.node_cache:
+            # The healer's brakes, acceptance and spare pool read the fleet every round: from the watch, not a list.
+            wanted = dict(labels or {})
+            return [n for n in self._cached_nodes().items()
+                    if all(n.labels.get(k) == v for k, v in wanted.items())]
         # Read as plain JSON: the client's model objects cost about a millisecond per node.
         selector = {"label_selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))} if labels else {}
         resp: Any = call_api(self.core.list_node, _request_timeout=self.timeout, _preload_content=False, **selector)
         items = json.loads(resp.data).get("items") or []
         return [self._info_json(n) for n in items]
+
+    def _cached_nodes(self) -> ListWatchCache[NodeInfo]:
+        with self._nodes_lock:
+            if self._nodes is None:
+                cache = ListWatchCache("node", self.core.list_node, self._info_json, timeout_s=self.timeout)
+                call_api(cache.start)
+                self._nodes = cache
+            return self._nodes
+
+    def close(self) -> None:
+        """Stop the node watch (a later ``list_nodes`` lists and watches again)."""
+        with self._nodes_lock:
+            if self._nodes is not None:
+                self._nodes.stop()
+                self._nodes = None
 
     def get_node(self, name: str) -> NodeInfo:
         # Raw JSON, as list_nodes: the healer reads the node before most steps, and the client's models cost

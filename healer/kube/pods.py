@@ -40,6 +40,7 @@ from healer.gang.records import (
     Toleration,
     TolerationOperator,
 )
+from healer.kube.cache import ListWatchCache
 from healer.kube.cluster import STRICT
 from healer.kube.watch import PodInformer
 
@@ -182,6 +183,7 @@ class KubePodScheduling:
         self._watch_options: dict[str, Any] = {"read_timeout_s": watch_read_timeout_s,
                                                "watch_timeout_s": watch_timeout_s}
         self._informer: PodInformer | None = None
+        self._nodes: ListWatchCache[NodeRecord] | None = None
         self.on_change: Callable[[PodRecord], None] | None = None
         """Told of each pod the watch sees added or changed (the scheduler wakes on a pending pod of its own)."""
         self._cursor = ""
@@ -242,9 +244,9 @@ class KubePodScheduling:
         return tuple(groups)
 
     def changes(self, cursor: str) -> PodChanges:
-        """Pods from the informer's change log; nodes and PodGroups listed (they are few).
+        """Pods from the informer's change log, nodes from their watch-fed cache; PodGroups listed.
 
-        The first call lists every pod and starts the watch. A cursor other than the one the
+        The first call lists every pod and node and starts the watches. A cursor other than the one the
         previous call returned, or a watch that had to list again, gives a full list. Changes
         reach the log as the watch delivers them, as with any informer: a write made a moment
         ago may show in the next call rather than this one.
@@ -257,10 +259,19 @@ class KubePodScheduling:
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 raise map_error(exc) from exc
             self._informer = informer
+        if self._nodes is None:
+            nodes = ListWatchCache("node", self.core.list_node, node_record, page_size=self.page_size,
+                                   timeout_s=self.timeout_s, read_timeout_s=self._watch_options["read_timeout_s"],
+                                   watch_timeout_s=self._watch_options["watch_timeout_s"])
+            try:
+                nodes.start()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                raise map_error(exc) from exc
+            self._nodes = nodes
         drained = self._informer.drain(everything=cursor != self._cursor)
         self._reads += 1
         self._cursor = f"{id(self._informer):x}.{self._reads}"
-        snap_nodes = tuple(node_record(o) for o in self._pages(self.core.list_node))
+        snap_nodes = tuple(sorted(self._nodes.items(), key=lambda n: n.name))
         return PodChanges(self._cursor, drained.full, drained.pods, drained.gone, snap_nodes, self._pod_groups())
 
     def _changed(self, pod: PodRecord) -> None:
@@ -268,10 +279,13 @@ class KubePodScheduling:
             self.on_change(pod)
 
     def close(self) -> None:
-        """Stop the pod watch (a later ``changes`` lists and watches again)."""
+        """Stop the pod and node watches (a later ``changes`` lists and watches again)."""
         if self._informer is not None:
             self._informer.stop()
             self._informer = None
+        if self._nodes is not None:
+            self._nodes.stop()
+            self._nodes = None
 
     def bind(self, pod: PodRecord, node: str) -> None:
         """POST pods/{name}/binding with the pod's UID as precondition."""

@@ -182,7 +182,7 @@ class PodInformer:
             _request_timeout=(self.timeout_s, self.read_timeout_s))
         self._stream = resp
         try:
-            for event in _events(resp):
+            for event in events(resp):
                 if self._stop.is_set():
                     return
                 self._apply(event)
@@ -213,7 +213,7 @@ class PodInformer:
             self.resource_version = version
 
 
-def _events(resp: Any) -> Iterator[Json]:
+def events(resp: Any) -> Iterator[Json]:
     """The JSON objects of a watch stream, one per line, as the chunks arrive."""
     buffer = b""
     for chunk in resp.stream(amt=None, decode_content=False):
