@@ -18,7 +18,8 @@ clock when it takes the write, not from a poll. Prints one JSON object per measu
   the same number of pods one by one, and from 8 threads, on the same server.
 
 ``--serve-from DIR`` runs `kmend serve` from another source tree (an older checkout) against the
-same server, to compare on the same machine; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
+same server, to compare on the same machine; ``--compare DIR`` measures signal → cordon of this tree and of DIR
+in alternating rounds of one run and prints their ratio; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
 
 These are figures against the loopback fake, not a real kube-apiserver: its per-request cost is
 lower, so they bound kmend's own overhead rather than predict a production cluster.
@@ -148,6 +149,31 @@ def _wait(pred: Any, timeout: float = 60.0) -> float:
 
 
 def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
+    lat, ack, floor = _cordon_samples(faults, tmp)
+    return {"bench": "signal_to_cordon", "faults": faults, "server": _describe(),
+            **_percentiles("", lat), **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}
+
+
+def cordon_compare(faults: int, other: str, tmp: Path, rounds: int = 2) -> dict[str, Any]:
+    """Signal → cordon of this tree and of ``other`` (an older checkout), in alternating rounds of one run."""
+    samples: dict[str, list[float]] = {"this": [], "other": []}
+    for r in range(rounds):
+        for name, tree in (("this", ""), ("other", other)):
+            OPTIONS["serve_from"] = tree
+            t = tmp / f"{name}-{r}"
+            t.mkdir()
+            samples[name] += _cordon_samples(max(1, faults // rounds), t)[0]
+    OPTIONS["serve_from"] = ""
+    this, then = _percentiles("", samples["this"]), _percentiles("", samples["other"])
+    return {"bench": "signal_to_cordon_compare", "faults_each": len(samples["this"]), "rounds": rounds,
+            "server": _describe(), "other": other, **{f"this_{k}": v for k, v in this.items()},
+            **{f"other_{k}": v for k, v in then.items()},
+            "p50_ratio": round(this["p50_ms"] / then["p50_ms"], 2),
+            "p99_ratio": round(this["p99_ms"] / then["p99_ms"], 2)}
+
+
+def _cordon_samples(faults: int, tmp: Path) -> tuple[list[float], list[float], list[float]]:
+    """Signal → cordon, ingest answer, and a plain client's cordon, in ms, for ``faults`` faults."""
     rbac = RoleRules.from_manifest(REPO / "deploy" / "service" / "kmend.yaml", "kmend", token=TOKEN,
                                    user="system:serviceaccount:kmend-system:kmend")
     with _server(rbac, tmp) as api:
@@ -175,8 +201,7 @@ def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
                     lat.append((cordoned[node] - t0) * 1000)
         finally:
             _stop(proc)
-    return {"bench": "signal_to_cordon", "faults": faults, "server": _describe(),
-            **_percentiles("", lat), **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}
+    return lat, ack, floor
 
 
 def _percentiles(prefix: str, values: list[float]) -> dict[str, float]:
@@ -336,8 +361,14 @@ def main() -> None:
     p.add_argument("--tls", action="store_true", help="serve the API over TLS, as a real server does")
     p.add_argument("--serve-from", default="", metavar="DIR",
                    help="run `kmend serve` from this source tree (an older checkout, to compare in one run)")
+    p.add_argument("--compare", default="", metavar="DIR",
+                   help="signal → cordon of this tree and of DIR in alternating rounds of one run, with ratios")
     args = p.parse_args()
     OPTIONS.update(tls=args.tls, serve_from=args.serve_from)
+    if args.compare:
+        with tempfile.TemporaryDirectory() as d:
+            print(json.dumps(cordon_compare(args.faults, args.compare, Path(d))), flush=True)
+        return
     runs = {"cordon": lambda t: cordon_latency(args.faults, t), "leaf": leaf_quarantine,
             "binds": lambda t: binds(args.pods, t)}
     with tempfile.TemporaryDirectory() as d:
