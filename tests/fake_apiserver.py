@@ -58,8 +58,8 @@ class FakeApiServer:
         self.warnings: list[str] = []
         """Field-validation warnings answered (unknown fields written without ``fieldValidation=Strict``)."""
         self.lax_writes: list[str] = []
-        """Writes of built-in objects sent without ``fieldValidation=Strict`` (a real server drops unknown fields
-        from them with no more than a warning)."""
+        """Writes of built-in objects and custom resources sent without ``fieldValidation=Strict`` (a real server
+        drops unknown fields from them with no more than a warning)."""
         self._errors: deque[tuple[str, re.Pattern[str], int, str]] = deque()
         self._lock = threading.Lock()
         self.watch = PodWatchLog(self._lock)
@@ -118,7 +118,8 @@ class FakeApiServer:
                     return
                 if warning is not None:
                     server.warnings.append(f"{method} {path}: {warning}")
-                if query.get("fieldValidation") != "Strict" and fake_schema.checked_write(method, path, ctype):
+                if query.get("fieldValidation") != "Strict" and (fake_schema.checked_write(method, path, ctype)
+                                                                or fake_schema.custom_write(method, path)):
                     server.lax_writes.append(f"{method} {path}")
                 code, out = server.handle(method, path, body, ctype, query)
                 self._send(code, out, warning)

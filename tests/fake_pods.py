@@ -56,6 +56,43 @@ def _page(items: list[dict[str, Any]], kind: str, query: dict[str, str],
                  "items": [copy.deepcopy(x) for x in items[start:end]]}
 
 
+POD_GROUP_FIELDS: dict[tuple[str, str], dict[str, frozenset[str]]] = {
+    ("scheduling.x-k8s.io", "v1alpha1"): {
+        "spec": frozenset({"minMember", "minResources", "scheduleTimeoutSeconds"}),
+        "status": frozenset({"phase", "occupiedBy", "running", "succeeded", "failed", "scheduleStartTime"})},
+    ("scheduling.volcano.sh", "v1beta1"): {
+        "spec": frozenset({"minMember", "minTaskMember", "queue", "priorityClassName", "minResources",
+                           "networkTopology"}),
+        "status": frozenset({"phase", "conditions", "running", "succeeded", "failed"})},
+}
+"""What the PodGroup CRDs' structural schemas declare (scheduler-plugins ``config/crd/bases``, Volcano's): a real
+server prunes any other field, or refuses it with ``fieldValidation=Strict``."""
+
+
+def _undeclared(api: tuple[str, str], body: Any) -> str:
+    """The first field of a PodGroup write its CRD does not declare ("" when none)."""
+    fields = POD_GROUP_FIELDS.get(api)
+    if fields is None or not isinstance(body, dict):
+        return ""
+    for key, value in sorted(body.items()):
+        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
+            return key
+        if key in fields and isinstance(value, dict):
+            extra = sorted(set(value) - fields[key])
+            if extra:
+                return f"{key}.{extra[0]}"
+    return ""
+
+
+def _prune(api: tuple[str, str], body: dict[str, Any]) -> None:
+    fields = POD_GROUP_FIELDS[api]
+    for key in list(body):
+        if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
+            del body[key]
+        elif key in fields and isinstance(body[key], dict):
+            body[key] = {k: v for k, v in body[key].items() if k in fields[key]}
+
+
 def pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: str,
                 query: dict[str, str]) -> tuple[int, dict[str, Any]] | None:
     """Pods, bindings and PodGroups; None for paths the node routes serve. Caller holds the lock."""
@@ -112,6 +149,14 @@ def pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: 
         if method == "PATCH":
             if "merge-patch" not in ctype:
                 return _status(415, "UnsupportedMediaType", f"unsupported patch type {ctype}")
+            api = (m.group(1), m.group(2))
+            if undeclared := _undeclared(api, body):
+                if query.get("fieldValidation") == "Strict":
+                    return _status(422, "Invalid", f'PodGroup.{m.group(1)} "{m.group(4)}" is invalid: '
+                                                   f'.{undeclared}: field not declared in schema')
+                server.warnings.append(f"PATCH {path}: unknown field \"{undeclared}\"")
+                body = copy.deepcopy(body)
+                _prune(api, body)
             part = "status" if m.group(5) else "metadata"
             if part == "status":
                 group["status"] = {**group.get("status", {}), **(body or {}).get("status", {})}

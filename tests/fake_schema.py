@@ -116,6 +116,15 @@ def checked_write(method: str, path: str, ctype: str) -> tuple[str, str, bool] |
     return None
 
 
+_CUSTOM = re.compile(r"/apis/([^/]+\.[^/]+)/[^/]+/namespaces/[^/]+/[^/]+(?:/[^/]+(?:/status)?)?")
+
+
+def custom_write(method: str, path: str) -> bool:
+    """Whether this is a write of a custom resource (a group of its own, not one of Kubernetes' ``*.k8s.io``)."""
+    m = _CUSTOM.fullmatch(path) if method in ("POST", "PUT", "PATCH") else None
+    return m is not None and not m.group(1).endswith(".k8s.io")
+
+
 def field_check(method: str, path: str, body: Any, ctype: str,
                 query: dict[str, str]) -> tuple[tuple[int, dict[str, Any]] | None, str | None]:
     """The refusal (status code and Status body) or the ``Warning`` a real API server answers to a write.

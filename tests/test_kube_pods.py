@@ -89,7 +89,7 @@ def test_pod_group_status_and_events_reach_the_api_with_api_field_names() -> Non
         kube.set_pod_group_status("t", "g", PodGroupKind.COSCHEDULING,
                                   PodGroupStatus(PodGroupPhase.PENDING, 0, "needs 2 pods"))
         stored = api.custom[("scheduling.x-k8s.io", "v1alpha1")][("t", "g")]
-        assert stored["status"] == {"phase": "Pending", "scheduled": 0}
+        assert stored["status"] == {"phase": "Pending"}
         assert stored["metadata"]["annotations"][REASON_ANNOTATION] == "needs 2 pods"
         kube.set_pod_group_status("t", "g", PodGroupKind.COSCHEDULING, PodGroupStatus(PodGroupPhase.SCHEDULED, 2))
         assert stored["status"]["phase"] == "Scheduled" and REASON_ANNOTATION not in stored["metadata"]["annotations"]

@@ -46,6 +46,8 @@ from healer.kube.watch import PodInformer
 
 REASON_ANNOTATION = "kmend.io/schedule-reason"
 """PodGroup annotation holding kmend's reason (coscheduling's status schema has no message field)."""
+SCHEDULED_ANNOTATION = "kmend.io/scheduled-members"
+"""Coscheduling PodGroup annotation holding the members kmend has bound (its status schema has no such count)."""
 
 _GROUP_APIS = {PodGroupKind.COSCHEDULING: ("scheduling.x-k8s.io", "v1alpha1"),
                PodGroupKind.VOLCANO: ("scheduling.volcano.sh", "v1beta1")}
@@ -326,12 +328,17 @@ class KubePodScheduling:
             phase = "Running" if status.phase == PodGroupPhase.SCHEDULED else "Pending"
             body: Json = {"status": {"phase": phase, "running": status.scheduled}}
         else:
-            body = {"status": {"phase": str(status.phase), "scheduled": status.scheduled}}
+            # The coscheduling CRD declares no count of bound members (only running, succeeded, failed, which its
+            # controller keeps from the pods' phases): the count goes with the reason, as an annotation.
+            body = {"status": {"phase": str(status.phase)}}
+        annotations = {REASON_ANNOTATION: status.reason or None}
+        if kind == PodGroupKind.COSCHEDULING:
+            annotations[SCHEDULED_ANNOTATION] = str(status.scheduled)
         try:
+            # Strict: a field the CRD does not declare is refused, not silently pruned.
             self._call(self.custom.patch_namespaced_custom_object_status, group, version, namespace,
-                       "podgroups", name, body)
-            note = {"metadata": {"annotations": {REASON_ANNOTATION: status.reason or None}}}
+                       "podgroups", name, body, field_validation=STRICT)
             self._call(self.custom.patch_namespaced_custom_object, group, version, namespace,
-                       "podgroups", name, note)
+                       "podgroups", name, {"metadata": {"annotations": annotations}}, field_validation=STRICT)
         except NotFoundError:
             return

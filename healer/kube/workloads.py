@@ -114,7 +114,7 @@ class KubeWorkloads:
         else:
             group, version = _split(key.api_version)
             create_once(self.custom.create_namespaced_custom_object, group, version, key.namespace,
-                        _plural(key.kind), body, _request_timeout=t)
+                        _plural(key.kind), body, field_validation=STRICT, _request_timeout=t)
 
     def delete_object(self, key: ObjectKey) -> None:
         t = self.timeout
@@ -145,7 +145,7 @@ class KubeWorkloads:
         else:
             group, version = _split(key.api_version)
             call_api(self.custom.patch_namespaced_custom_object, group, version, key.namespace, _plural(key.kind),
-                  key.name, body, _content_type=MERGE_PATCH, _request_timeout=t)
+                     key.name, body, field_validation=STRICT, _content_type=MERGE_PATCH, _request_timeout=t)
 
     def apply_config_map(self, namespace: str, name: str, data: Mapping[str, str],
                          labels: Mapping[str, str] | None = None) -> None:
