@@ -30,6 +30,9 @@ from collector.checkpoint import write_json_atomically
 
 log = logging.getLogger(__name__)
 
+MAX_MESSAGE = 65536
+"""Characters of an answer sent (the service takes this many: a GPU's whole ``nvidia-smi -q`` report fits)."""
+
 
 @dataclass(frozen=True, slots=True)
 class NodeRequest:
@@ -158,7 +161,7 @@ class HttpNodeRequestClient:
 
     def answer(self, node: str, request_id: str, answer: Answer) -> bool:
         resp = self._client.post(f"/v1/nodes/{node}/requests/{request_id}",
-                                 json={"state": answer.state, "message": answer.message[:2000]})
+                                 json={"state": answer.state, "message": answer.message[:MAX_MESSAGE]})
         if resp.status_code == 404:
             # The service forgot the request (it was cancelled): nothing will ever take this answer.
             log.warning("request %s is unknown to the service; its answer (%s) is dropped", request_id, answer.state)

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from analyzer.records import Incident, IncidentState
+from healer import gpu_report
 from healer.acceptance import Candidate, acceptance_plan, candidates, is_acceptance
 from healer.cluster import ClusterEvent, Condition, NotFoundError, Taint
 from healer.executor import PlanExecutor, describe
@@ -206,6 +207,9 @@ class Healing:
                 self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
         made = [self._track(p) for p in self._quarantine(made)]
+        for p in made:  # after every cordon of the round
+            if (ask := gpu_report.report_request(p)) is not None:
+                self.store.ledger.open(ask)
         if interrupted():
             return [self._settle(p, set_state) for p in made]
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
@@ -484,6 +488,11 @@ class Healing:
         req = self.store.ledger.get(request_id)
         if req is None or req.node != node:
             raise KeyError(request_id)
+        if req.kind == gpu_report.GPU_REPORT and req.state == "pending":
+            with self.lock:  # rounds and runbook operations save whole plans under it: none overwrites this
+                plan = self.store.get_plan(gpu_report.plan_of(request_id))
+                if plan and (step := gpu_report.with_report(plan, request_id, state, result)):
+                    self.store.save_step(plan.id, step)
         answered = self.store.ledger.answer(request_id, state, result)
         assert answered is not None
         self._due.clear()  # the plan waiting on it goes on in the next round

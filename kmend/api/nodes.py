@@ -25,7 +25,8 @@ class Answer(BaseModel):
     """What the node agent or the platform reports about a request."""
 
     state: Literal["done", "failed"]
-    message: str = Field("", max_length=2000)
+    message: str = Field("", max_length=65536)
+    """What happened; a GPU's ``nvidia-smi -q`` report (about 15,000 characters) for a ``gpu_query``."""
 
 
 def _request(r: RepairRequest) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
 from collector.container_fs import FindCheckpointHandler
 from collector.flight_recorder import DEFAULT_PREFIXES, FlightRecorderSource, HttpDumpUploader
+from collector.gpu_query import GpuQueryHandler
 from collector.gpu_reset import GpuResetHandler, load_reset_nvml
 from collector.httpserver import start_status_server
 from collector.metrics import AgentMetrics
@@ -99,7 +100,7 @@ class AgentSettings(BaseSettings):
     request_interval: float = Field(5.0, gt=0, description="seconds between polls of the node's requests (GPU "
                                                            "resets, checkpoint searches, stack dumps on a hang)")
     gpu_reset: bool = Field(True, description="carry out GPU resets (needs NVML, nvidia-smi and root)")
-    nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi binary used for --gpu-reset")
+    nvidia_smi: str = Field("nvidia-smi", description="nvidia-smi binary used for --gpu-reset and GPU evidence")
     gpu_idle_timeout_s: float = Field(600.0, gt=0, description="how long a reset waits for the GPU to go idle")
     proc_root: Path = Field(Path("/proc"), description="the host's /proc (hostPID): pods' filesystems are read "
                                                        "through /proc/<pid>/root")
@@ -260,6 +261,8 @@ def build_request_runner(settings: AgentSettings) -> NodeRequestRunner | None:
                                                     idle_timeout_s=settings.gpu_idle_timeout_s)
         except Exception as exc:
             log.info("GPU reset not offered on this node (NVML unavailable: %s)", exc)
+    # Read-only and cheap: offered everywhere; a node without nvidia-smi answers that it has none.
+    handlers["gpu_query"] = GpuQueryHandler(nvidia_smi=settings.nvidia_smi)
     handlers["find_checkpoint"] = FindCheckpointHandler(proc_root=settings.proc_root, discover=discover_json)
     if settings.stacks:
         binary = _py_spy(settings.py_spy)
