@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from kubernetes import client  # noqa: E402
 
+from bench.kube_real import cordon_samples_real, describe_real, real_kubeconfig  # noqa: E402
 from collector.wire import to_wire  # noqa: E402
 from tests.builders import kernel  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
@@ -104,15 +105,24 @@ def _client(api: FakeApiServer) -> client.CoreV1Api:
 
 
 def _serve(api: FakeApiServer, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    return serve_kube(_kubeconfig(tmp, api.url, TOKEN, getattr(api, "ca", None)), tmp)
+
+
+def _kubeconfig(tmp: Path, server: str, token: str, ca: str | None) -> Path:
     kubeconfig = tmp / "kubeconfig"
-    cluster: dict[str, str] = {"server": api.url}
-    if hasattr(api, "ca"):
-        cluster["certificate-authority"] = api.ca
+    cluster: dict[str, str] = {"server": server}
+    if ca:
+        cluster["certificate-authority"] = ca
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "f",
         "clusters": [{"name": "f", "cluster": cluster}],
-        "users": [{"name": "k", "user": {"token": TOKEN}}],
+        "users": [{"name": "k", "user": {"token": token}}],
         "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+    return kubeconfig
+
+
+def serve_kube(kubeconfig: Path, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`kmend serve --cluster kube` (from --serve-from's tree, or this one) on ``kubeconfig``; its process and URL."""
     port = free_port()
     env = {**os.environ, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig), "KMEND_PORT": str(port),
            "KMEND_DATABASE_URL": f"sqlite:///{tmp / 'k.db'}", "KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
@@ -154,19 +164,21 @@ def cordon_latency(faults: int, tmp: Path) -> dict[str, Any]:
             **_percentiles("", lat), **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}
 
 
-def cordon_compare(faults: int, other: str, tmp: Path, rounds: int = 2) -> dict[str, Any]:
+def cordon_compare(faults: int, other: str, tmp: Path, rounds: int = 2, *, real: bool = False) -> dict[str, Any]:
     """Signal → cordon of this tree and of ``other`` (an older checkout), in alternating rounds of one run."""
+    sample = cordon_samples_real if real else _cordon_samples
     samples: dict[str, list[float]] = {"this": [], "other": []}
     for r in range(rounds):
         for name, tree in (("this", ""), ("other", other)):
             OPTIONS["serve_from"] = tree
             t = tmp / f"{name}-{r}"
             t.mkdir()
-            samples[name] += _cordon_samples(max(1, faults // rounds), t)[0]
+            samples[name] += sample(max(1, faults // rounds), t)[0]
     OPTIONS["serve_from"] = ""
     this, then = _percentiles("", samples["this"]), _percentiles("", samples["other"])
     return {"bench": "signal_to_cordon_compare", "faults_each": len(samples["this"]), "rounds": rounds,
-            "server": _describe(), "other": other, **{f"this_{k}": v for k, v in this.items()},
+            **(describe_real(real_kubeconfig()) if real else {"server": _describe()}), "other": other,
+            **{f"this_{k}": v for k, v in this.items()},
             **{f"other_{k}": v for k, v in then.items()},
             "p50_ratio": round(this["p50_ms"] / then["p50_ms"], 2),
             "p99_ratio": round(this["p99_ms"] / then["p99_ms"], 2)}
@@ -361,13 +373,19 @@ def main() -> None:
     p.add_argument("--tls", action="store_true", help="serve the API over TLS, as a real server does")
     p.add_argument("--serve-from", default="", metavar="DIR",
                    help="run `kmend serve` from this source tree (an older checkout, to compare in one run)")
+    p.add_argument("--real-faults", type=int, default=30,
+                   help="faults on the real API server KMEND_TEST_KUBECONFIG names (each needs 12 nodes created)")
     p.add_argument("--compare", default="", metavar="DIR",
                    help="signal → cordon of this tree and of DIR in alternating rounds of one run, with ratios")
     args = p.parse_args()
     OPTIONS.update(tls=args.tls, serve_from=args.serve_from)
+    real = bool(real_kubeconfig())
     if args.compare:
         with tempfile.TemporaryDirectory() as d:
             print(json.dumps(cordon_compare(args.faults, args.compare, Path(d))), flush=True)
+            if real:
+                print(json.dumps(cordon_compare(args.real_faults, args.compare, Path(d) / "real", real=True)),
+                      flush=True)
         return
     runs = {"cordon": lambda t: cordon_latency(args.faults, t), "leaf": leaf_quarantine,
             "binds": lambda t: binds(args.pods, t)}
@@ -378,6 +396,12 @@ def main() -> None:
             t = Path(d) / name
             t.mkdir()
             print(json.dumps(fn(t)), flush=True)
+        if real and (not args.only or "cordon" in args.only):
+            (Path(d) / "real").mkdir()
+            lat, ack, floor = cordon_samples_real(args.real_faults, Path(d) / "real")
+            print(json.dumps({"bench": "signal_to_cordon", "faults": args.real_faults,
+                              **describe_real(real_kubeconfig()), **_percentiles("", lat),
+                              **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}), flush=True)
 
 
 if __name__ == "__main__":
