@@ -172,7 +172,7 @@ def cordon_compare(faults: int, other: str, tmp: Path, rounds: int = 2, *, real:
         for name, tree in (("this", ""), ("other", other)):
             OPTIONS["serve_from"] = tree
             t = tmp / f"{name}-{r}"
-            t.mkdir()
+            t.mkdir(parents=True)
             samples[name] += sample(max(1, faults // rounds), t)[0]
     OPTIONS["serve_from"] = ""
     this, then = _percentiles("", samples["this"]), _percentiles("", samples["other"])
