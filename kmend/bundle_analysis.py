@@ -32,7 +32,7 @@ from analyzer.matcher import FastMatcher
 from analyzer.metric_eval import SignalEvaluator
 from analyzer.metric_rules import SignalRules, default_metric_rules_dir, load_signal_rules
 from analyzer.pipeline import Analyzer
-from analyzer.progress import match_progress
+from analyzer.progress import ProgressMatcher
 from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
 from analyzer.records import Finding, Incident
 from analyzer.rules import Rule, RuleError, default_rules_dir, load_rules
@@ -64,9 +64,9 @@ wants a slowdown on several consecutive evaluations, as the service sees it live
 
 
 def _progress_lines(texts: Sequence[str], rules: Sequence[ProgressRule]) -> set[int]:
-    """Lines a progress rule extracts something from (its literal is checked before its pattern)."""
-    ordered = sorted(rules, key=lambda r: r.priority)
-    return {i for i, text in enumerate(texts) if match_progress(text, ordered) is not None}
+    """Lines a progress rule extracts something from (one combined prefilter picks the rules to try)."""
+    match = ProgressMatcher(rules).match
+    return {i for i, text in enumerate(texts) if match(text) is not None}
 
 
 def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence[ProgressRule] = (),

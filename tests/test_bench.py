@@ -46,3 +46,14 @@ def test_fuzz_campaign_finds_no_server_error_and_no_schema_violation(database_ur
     assert result["failures"] == result["errors"] == 0
     print(json.dumps({k: result[k] for k in ("operations", "max_examples", "seconds")}
                      | {"cases": [r["summary"] for r in (result["ingest_token_run"], result["operator_token_run"])]}))
+
+
+def test_progress_rule_benchmark_compares_both_matchers_on_the_same_lines() -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/progress_rules.py", "--lines", "3000", "--repeat", "1"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=True,
+    )
+    by_rule, combined = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert by_rule["progress_lines"] == combined["progress_lines"] > 0
+    assert by_rule["lines"] == combined["lines"] == 3000
+    assert by_rule["ratio_to_rule_by_rule"] == 1.0 and combined["us_per_line"] > 0
