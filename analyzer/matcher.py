@@ -138,7 +138,7 @@ class FastMatcher:
         return out
 
     def match_lines(self, logs: Sequence[Signal], lines: bytes) -> list[Finding]:
-        """Findings for a batch of log-line signals whose texts arrived as one buffer.
+        """Findings for a batch of log-line signals (nothing else) whose texts arrived as one buffer.
 
         ``lines``: the texts of ``logs``, in order, joined by newlines (UTF-8), as received. The engine
         scans those bytes as they are, so a line that matches nothing costs no Python step and no

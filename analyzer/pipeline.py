@@ -72,8 +72,12 @@ class Analyzer:
         self.correlator = correlator or Correlator()
         self.detectors = detectors
 
-    def findings(self, signals: Sequence[Signal]) -> list[Finding]:
-        """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors)."""
+    def findings(self, signals: Sequence[Signal], *, lines: bytes | None = None) -> list[Finding]:
+        """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors).
+
+        ``lines``: for a batch of log lines only, their texts as received, joined by newlines (see
+        :meth:`FastMatcher.match_lines`).
+        """
         if signals:
             # One time per batch (its newest record): a batch spans seconds, placements expire in minutes.
             ts = max(map(_TS, signals))
@@ -81,16 +85,17 @@ class Analyzer:
                 self.correlator.observe_placement(job, node, ts)
         if self.detectors is not None:
             self.detectors.observe(signals)
-        found = self.matcher.match(signals)
+        found = self.matcher.match(signals) if lines is None else self.matcher.match_lines(signals, lines)
         if self.one_finding_per_signal and len(found) > 1:
             found = strongest_per_signal(found)
         if self.detectors is not None and found:
             self.detectors.observe_findings(found)
         return found + self.escalator.observe_all(found)
 
-    def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:
-        """Findings of a batch and the incidents they created or changed."""
-        found = self.findings(signals)
+    def process(self, signals: Sequence[Signal], *, lines: bytes | None = None,
+                ) -> tuple[list[Finding], list[Incident]]:
+        """Findings of a batch and the incidents they created or changed (``lines``: see :meth:`findings`)."""
+        found = self.findings(signals, lines=lines)
         below = self._below_rate
         folded = [f for f in found if f.rule_id not in below or f.severity is not Severity.INFO] if below else found
         return found, self.correlator.add_all(folded)

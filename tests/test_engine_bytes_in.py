@@ -8,6 +8,7 @@ import pytest
 
 from analyzer.engine import Backend, MultiMatcher, NaiveMatcher, available_backends
 from analyzer.matcher import FastMatcher
+from analyzer.pipeline import Analyzer
 from analyzer.rules import Rule
 from collector.signal import LogLine, Signal, Source
 from tests.test_engine_fast_paths import _mix
@@ -67,3 +68,11 @@ def test_a_line_holding_a_newline_is_still_matched_from_a_buffer(shipped_rules: 
     got = matcher.match_lines(signals, "\n".join(texts).encode())
     assert [(f.rule_id, f.evidence) for f in got] == [(f.rule_id, f.evidence) for f in matcher.match(signals)]
     assert {f.evidence[0] for f in got} >= {"s1"}
+
+
+def test_the_analyzer_takes_the_received_bytes_of_a_batch(shipped_rules: list[Rule]) -> None:
+    texts = ["step 1", "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.", "step 2"]
+    signals = _signals(texts)
+    found, incidents = Analyzer(shipped_rules).process(signals, lines="\n".join(texts).encode())
+    assert [(f.rule_id, f.evidence) for f in found] == [("xid-79", ("s1",))]
+    assert len(incidents) == 1 and incidents[0].hardware
