@@ -286,7 +286,7 @@ class MultiMatcher:
             texts = data.decode("utf-8", "replace").split("\n")
             return self.scan(texts) if len(texts) == count else None
         found: list[tuple[int, int, dict[str, str]]] = []
-        if not self._scan_block(data, count, 0, None if data.isascii() else (), [], found):
+        if not self._scan_block(data, count, 0, None, [], found):
             return None
         return self._line_matches(found)
 
@@ -299,9 +299,9 @@ class MultiMatcher:
                     hits: list[tuple[int, int]], found: list[tuple[int, int, dict[str, str]]]) -> bool:
         """Scan one buffer of ``count`` lines; confirmed (line, rule, groups) go to ``found``.
 
-        ``texts``: None for an ASCII buffer (confirmed on its bytes); the block's lines as text, or
-        empty to decode each hit line from the buffer. False when the buffer holds another number
-        of lines than ``count``.
+        ``texts``: the block's lines as text, for a block that is not all ASCII; None to confirm each
+        hit line on its bytes when it is ASCII, else on its decoded text. False when the buffer holds
+        another number of lines than ``count``.
         """
         newline = np.frombuffer(data, dtype=np.uint8) == _NL
         if int(np.count_nonzero(newline)) != count - 1:
@@ -331,10 +331,10 @@ class MultiMatcher:
             if rule_no in seen:
                 continue
             seen.add(rule_no)
-            if texts is None:
-                groups = confirm[rule_no].ascii(line_bytes, hit=True)
-            elif texts:
+            if texts is not None:
                 groups = confirm[rule_no].text(texts[line])
+            elif line_bytes.isascii():
+                groups = confirm[rule_no].ascii(line_bytes, hit=True)
             else:
                 groups = confirm[rule_no].text(line_bytes.decode("utf-8", "replace"))
             if groups is not None:
