@@ -8,7 +8,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.correlate import Correlator
 from analyzer.detectors.flight_recorder import load_dump
@@ -39,6 +39,9 @@ from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
 from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
+
+if TYPE_CHECKING:
+    from kmend.replicas import Replicas
 
 log = logging.getLogger("kmend.service")
 
@@ -126,6 +129,8 @@ class Kmend:
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
         self.ready = False
+        self.replicas: Replicas | None = None
+        """Set when several replicas share PostgreSQL: ingest writes the feed, the Lease holder correlates."""
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -161,6 +166,8 @@ class Kmend:
 
     def ingest(self, signals: Sequence[Signal], origin: tuple[str, int] | None = None) -> IngestOutcome:
         """Store and analyze a batch; repeated ids, or a numbered batch already taken (`origin`), are ignored."""
+        if self.replicas is not None:
+            return self.replicas.ingest(signals, origin)
         with self._lock, self.metrics.batch_seconds.time():
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
             changed: list[SeriesState] = []
@@ -216,6 +223,8 @@ class Kmend:
         Settled Flight Recorder dumps are judged between two short holds of the lock, so
         analysing a large dump never holds up ingest.
         """
+        if self.replicas is not None and not self.replicas.leading:
+            return IngestOutcome(0, 0, (), ())  # the detectors run on the replica that folds the feed
         with self._lock:
             t = self.detector_now() if now is None else now
             settled = self.detectors.take_settled_dumps(t)
@@ -355,6 +364,11 @@ class Kmend:
             # Cleared before the round reads incidents: a wake during the round starts the next one at once,
             # and tells this one to leave older plans for later.
             self._wake.clear()
+            try:
+                if self.replicas is not None:
+                    self.replicas.tail()
+            except Exception:
+                log.exception("reading the replica feed failed")
             try:
                 self.heal_once(interrupted=self._wake.is_set)
                 self.metrics.healer_round.set_to_current_time()

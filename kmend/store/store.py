@@ -110,6 +110,11 @@ class Store:
         with self.engine.connect() as conn:
             self._seq = conn.execute(select(func.coalesce(func.max(schema.findings.c.seq), 0))).scalar_one()
 
+    def reload_seq(self) -> None:
+        """Continue finding numbers after the newest stored one (a replica taking over from another writer)."""
+        with self._seq_lock, self.engine.connect() as conn:
+            self._seq = conn.execute(select(func.coalesce(func.max(schema.findings.c.seq), 0))).scalar_one()
+
     def revision(self) -> str | None:
         """Current Alembic revision."""
         with self.engine.connect() as conn:
@@ -184,17 +189,20 @@ class Store:
                 self._upsert_series(conn, series())
         return IngestOutcome(len(fresh), sent - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
-    def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
-               ) -> IngestOutcome:
+    def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]],
+               then: Callable[[Connection], None] | None = None) -> IngestOutcome:
         """Run a detector evaluation and store its findings and incidents in one transaction.
 
         Like ``ingest`` without signals: detector findings carry stable ids, so a
-        finding emitted again after a restart is ignored, never stored twice.
+        finding emitted again after a restart is ignored, never stored twice. ``then`` writes
+        more in the same transaction (the replica feed's cursor).
         """
         with self.engine.begin() as conn:
             found, changed, merges = analyze()
             if found or changed or merges:
                 self._write_results(conn, found, changed, merges)
+            if then is not None:
+                then(conn)
         return IngestOutcome(0, 0, tuple(found), tuple(changed))
 
     def _insert(self, table: Table) -> Any:
