@@ -159,7 +159,9 @@ class Kmend:
                 if st and st != inc.state.value:
                     corr.set_state(inc.id, IncidentState(st), now, "restored")
             # The detectors keep their state: a rolled-back batch comes again and is folded idempotently.
-            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals)
+            # The compiled matcher is kept: it holds no incident state, and compiling it again costs seconds.
+            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals,
+                                     matcher=self.analyzer.matcher)
             self._refresh_open_gauge()
 
     # -- ingest --------------------------------------------------------------------

@@ -158,3 +158,29 @@ def test_a_feed_row_committed_late_is_folded_not_skipped(pair: tuple[Kmend, Kmen
     assert a.replicas.tail() == 2
     assert sorted(str(i["root_cause"]["node"]) for i in _active(a)) == [  # type: ignore[index]
         "gpu-node-03", "gpu-node-05"]
+
+
+@pytest.mark.timeout(120)
+def test_replicas_starting_together_migrate_the_schema_once(fresh_postgres_url: str) -> None:
+    from kmend.store import Store
+
+    stores = [Store(fresh_postgres_url) for _ in range(4)]
+    go = threading.Barrier(len(stores))
+    errors: list[BaseException] = []
+
+    def start(store: Store) -> None:
+        go.wait()
+        try:
+            store.migrate()
+        except BaseException as exc:  # collected: the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in stores]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert {s.revision() for s in stores} == {"0007"}
+    for s in stores:
+        s.close()

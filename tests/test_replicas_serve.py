@@ -105,6 +105,7 @@ def test_two_replicas_one_incident_one_plan_and_a_takeover(tmp_path: Path, fresh
             procs[leader][0].wait(timeout=10)
             _until("the follower to take the Lease", lambda: _holder(api) == follower, timeout=60)
             takeover_s = time.monotonic() - killed_at
+            print(f"takeover: the Lease moved {takeover_s:.1f} s after the leader was killed (duration 4 s)")
             final = _until("the plan to finish", lambda: (p := _plans(furl)) and p[0]["state"] in
                            ("succeeded", "failed") and p, timeout=150, tick=ctl.tick)
             assert [p["id"] for p in final] == [plan["id"]] and final[0]["state"] == "succeeded", final
