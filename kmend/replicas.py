@@ -141,7 +141,14 @@ class Replicas:
                 k.rebuild()
                 raise
             self._cursor = after
-        k._count(outcome)
+        # Rule findings were counted by the replica that matched them; only escalations are new here.
+        matched = {f.id for row in rows for f in row.digest.findings}
+        for f in outcome.findings:
+            if f.id not in matched:
+                k.metrics.findings.labels(f.fault_class.value).inc()
+        if outcome.incidents:
+            k._refresh_open_gauge()
+            k.wake()
 
     def _fold(self, rows: list[FeedRow]) -> tuple[list[Finding], list[Incident], list[tuple[str, str]]]:
         analyzer = self.kmend.analyzer

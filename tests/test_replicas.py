@@ -90,6 +90,9 @@ def test_signals_split_over_two_replicas_make_one_incident_and_one_plan(pair: tu
     assert inc["fault_class"] == FaultClass.GPU_LOST.value
     members = a.store.get_incident(str(inc["id"]))
     assert members is not None and len(members["findings"]) == 5  # the Xid and the four ranks' timeouts
+    counted = [s.value for k in (a, b) for m in k.metrics.registry.collect()
+               if m.name == "kmend_analyzer_findings" for s in m.samples if s.name.endswith("_total")]
+    assert sum(counted) == 5  # each finding counted once, by the replica that matched it
     a.heal_once()
     b.heal_once()
     plans = a.store.list_plans()
