@@ -10,9 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analyzer.detectors.book import METRIC_FEATURES
+from analyzer.detectors.stacks import StackSample
 from analyzer.progress import ProgressEvent
 from analyzer.records import Finding
 from collector.signal import MetricSample, Signal
+
+
+@dataclass(frozen=True, slots=True)
+class StackReport:
+    """One rank's Python stack, taken by the node agent on a suspected hang, for the leader's detectors."""
+
+    job: str
+    """Training job name."""
+    sample: StackSample
+    """The stack."""
+    ts: float
+    """When the receiving replica took it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +44,13 @@ class BatchDigest:
     """The metric samples the detectors read (GPU and NIC features), others left out."""
     newest: float
     """The batch's newest signal time (the detectors' watermark); 0 for an empty batch."""
+    stacks: tuple[StackReport, ...] = ()
+    """Stack dumps the replica received (not from a signal batch)."""
 
     @property
     def empty(self) -> bool:
         """Nothing for the leader: no row needs to be written."""
-        return not (self.findings or self.placements or self.progress or self.metrics)
+        return not (self.findings or self.placements or self.progress or self.metrics or self.stacks)
 
 
 def detector_metrics(signals: list[Signal]) -> tuple[Signal, ...]:

@@ -123,6 +123,8 @@ class Analyzer:
             self.correlator.observe_placement(job, node, digest.placed_at)
         if self.detectors is not None:
             self.detectors.observe_digest(digest.progress, digest.metrics, digest.newest)
+            for st in digest.stacks:
+                self.detectors.add_stack(st.job, st.sample, st.ts)
             if digest.findings:
                 self.detectors.observe_findings(digest.findings)
         found = list(digest.findings)

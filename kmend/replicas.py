@@ -21,7 +21,8 @@ from collections import Counter as Tally
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from analyzer.digest import BatchDigest
+from analyzer.detectors.stacks import StackSample
+from analyzer.digest import BatchDigest, StackReport
 from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
 from collector.signal import Signal
@@ -83,6 +84,12 @@ class Replicas:
         for f in outcome.findings:
             k.metrics.findings.labels(f.fault_class.value).inc()
         return outcome
+
+    def ingest_stack(self, job: str, sample: StackSample) -> None:
+        """A rank's stack dump goes to the leader's stack detector through the feed."""
+        k = self.kmend
+        report = StackReport(job, sample, k.clock())
+        retrying(lambda: self.feed.append(BatchDigest((), (), 0.0, (), (), 0.0, (report,))), k._retry_sleep)
 
     # -- the Lease holder ----------------------------------------------------------------
 

@@ -249,6 +249,10 @@ class Kmend:
 
     def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
+        if self.replicas is not None:
+            self.replicas.ingest_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
+                                                        source=f"{node}/stack/{job}/{rank}/{pid}/{self.clock():.3f}"))
+            return
         with self._lock:
             t = self.detector_now()
             self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,

@@ -187,3 +187,14 @@ def test_replicas_starting_together_migrate_the_schema_once(fresh_postgres_url: 
     assert {s.revision() for s in stores} == {"0007"}
     for s in stores:
         s.close()
+
+
+def test_a_stack_dump_posted_to_a_replica_reaches_the_leaders_stack_detector(pair: tuple[Kmend, Kmend, Lease]) -> None:
+    a, b, _ = pair
+    assert a.replicas is not None
+    b.ingest_stack("job-a", 1, "gpu-node-01", 4242, "Thread 4242 (idle): \"MainThread\"\n    wait (torch/x.py:1)",
+                   state="T")
+    assert a.replicas.tail() == 1
+    kept = a.detectors.stacks._stacks["job-a"][1]
+    assert (kept.node, kept.pid, kept.stopped) == ("gpu-node-01", 4242, True)
+    assert "job-a" not in b.detectors.stacks._stacks  # the replica that received it keeps nothing

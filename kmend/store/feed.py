@@ -22,7 +22,8 @@ from typing import Any
 
 from sqlalchemy import BigInteger, ColumnClause, Connection, delete, literal_column, select, text, tuple_
 
-from analyzer.digest import BatchDigest
+from analyzer.detectors.stacks import StackSample
+from analyzer.digest import BatchDigest, StackReport
 from analyzer.metric_eval import SeriesState
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
@@ -64,6 +65,8 @@ def digest_to_dict(d: BatchDigest) -> dict[str, Any]:
         "progress": [asdict(e) | {"kind": e.kind.value, "phases": dict(e.phases)} for e in d.progress],
         "metrics": [[s.node, s.source.value, s.ts, s.payload.name, s.payload.value, dict(s.payload.labels)]
                     for s in d.metrics if isinstance(s.payload, MetricSample)],
+        "stacks": [[st.job, st.ts, st.sample.rank, st.sample.node, st.sample.pid, st.sample.text, st.sample.state,
+                    st.sample.source] for st in d.stacks],
     }
 
 
@@ -77,6 +80,9 @@ def digest_from_dict(d: dict[str, Any]) -> BatchDigest:
         metrics=tuple(Signal(id="", node=node, source=Source(src), ts=ts, payload=MetricSample(name, value, labels))
                       for node, src, ts, name, value, labels in d["metrics"]),
         newest=float(d["newest"]),
+        stacks=tuple(StackReport(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
+                                                  source=source), ts)
+                     for job, ts, rank, node, pid, text, state, source in d.get("stacks", [])),
     )
 
 
@@ -120,6 +126,12 @@ class Feed:
             if fresh and series is not None:
                 store._upsert_series(conn, series())
         return IngestOutcome(len(fresh), len(signals) - len(fresh), got.findings, (), tuple(fresh)), got
+
+    def append(self, digest: BatchDigest) -> None:
+        """One feed row outside a signal batch (a stack dump)."""
+        with self.store.engine.begin() as conn:
+            conn.execute(schema.replica_feed.insert().values(tx=_TX, at=self.clock(), body=digest_to_dict(digest)))
+            conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
 
     def _take_number(self, conn: Connection, producer: str, seq: int) -> bool:
         """Raise the producer's mark to `seq`; False when it is already there (a replay), after any writer ends."""
