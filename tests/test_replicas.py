@@ -198,3 +198,23 @@ def test_a_stack_dump_posted_to_a_replica_reaches_the_leaders_stack_detector(pai
     kept = a.detectors.stacks._stacks["job-a"][1]
     assert (kept.node, kept.pid, kept.stopped) == ("gpu-node-01", 4242, True)
     assert "job-a" not in b.detectors.stacks._stacks  # the replica that received it keeps nothing
+
+
+def test_progress_split_over_replicas_reaches_one_hang_detector(pair: tuple[Kmend, Kmend, Lease]) -> None:
+    from collector.signal import ProgressSample, Source
+
+    a, b, _ = pair
+    assert a.replicas is not None and b.replicas is not None
+    t = 1_700_000_000.0
+    # Four ranks on four nodes; ranks 0 and 1 report to replica a, ranks 2 and 3 to replica b. All stop at step 30.
+    for step in range(1, 31):
+        for k, ranks in ((a, (0, 1)), (b, (2, 3))):
+            k.ingest([Signal(f"{NODES[r]}/progress/{r}/{step}", NODES[r], Source.PROGRESS, t + step,
+                             ProgressSample("job-h", r, step, step_time=1.0)) for r in ranks])
+    assert b.replicas.tail() == 0
+    assert a.replicas.tail() == 60
+    assert sorted(a.detectors.book.jobs["job-h"].ranks) == [0, 1, 2, 3]
+    assert "job-h" not in b.detectors.book.jobs
+    assert b.evaluate(now=t + 120).findings == ()  # detectors run on the leader only
+    hang = [f for f in a.evaluate(now=t + 120).findings if f.fault_class is FaultClass.HANG]
+    assert [f.where.job for f in hang] == ["job-h"]
