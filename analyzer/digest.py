@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analyzer.detectors.book import METRIC_FEATURES
+from analyzer.detectors.flight_recorder import Dump
 from analyzer.detectors.stacks import StackSample
 from analyzer.progress import ProgressEvent
 from analyzer.records import Finding
@@ -26,6 +27,24 @@ class StackReport:
     """The stack."""
     ts: float
     """When the receiving replica took it."""
+
+
+@dataclass(frozen=True, slots=True)
+class DumpReport:
+    """One rank's Flight Recorder dump, checked by the receiving replica, for the leader's detector."""
+
+    job: str
+    """Training job name."""
+    rank: int
+    """Global rank that wrote it."""
+    node: str
+    """Node it came from."""
+    dump: Dump
+    """The checked dump."""
+    ts: float
+    """When the receiving replica took it."""
+    source: str
+    """Evidence id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +65,13 @@ class BatchDigest:
     """The batch's newest signal time (the detectors' watermark); 0 for an empty batch."""
     stacks: tuple[StackReport, ...] = ()
     """Stack dumps the replica received (not from a signal batch)."""
+    dumps: tuple[DumpReport, ...] = ()
+    """Flight Recorder dumps the replica received."""
 
     @property
     def empty(self) -> bool:
         """Nothing for the leader: no row needs to be written."""
-        return not (self.findings or self.placements or self.progress or self.metrics or self.stacks)
+        return not (self.findings or self.placements or self.progress or self.metrics or self.stacks or self.dumps)
 
 
 def detector_metrics(signals: list[Signal]) -> tuple[Signal, ...]:

@@ -125,6 +125,8 @@ class Analyzer:
             self.detectors.observe_digest(digest.progress, digest.metrics, digest.newest)
             for st in digest.stacks:
                 self.detectors.add_stack(st.job, st.sample, st.ts)
+            for d in digest.dumps:
+                self.detectors.add_checked_dump(d.job, d.rank, d.node, d.dump, d.ts, source=d.source)
             if digest.findings:
                 self.detectors.observe_findings(digest.findings)
         found = list(digest.findings)

@@ -21,8 +21,9 @@ from collections import Counter as Tally
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from analyzer.detectors.flight_recorder import Dump
 from analyzer.detectors.stacks import StackSample
-from analyzer.digest import BatchDigest, StackReport
+from analyzer.digest import BatchDigest, DumpReport, StackReport
 from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
 from collector.signal import Signal
@@ -90,6 +91,12 @@ class Replicas:
         k = self.kmend
         report = StackReport(job, sample, k.clock())
         retrying(lambda: self.feed.append(BatchDigest((), (), 0.0, (), (), 0.0, (report,))), k._retry_sleep)
+
+    def ingest_dump(self, job: str, rank: int, node: str, dump: Dump, source: str) -> None:
+        """A rank's checked Flight Recorder dump goes to the leader's detector through the feed."""
+        k = self.kmend
+        report = DumpReport(job, rank, node, dump, k.clock(), source)
+        retrying(lambda: self.feed.append(BatchDigest((), (), 0.0, (), (), 0.0, dumps=(report,))), k._retry_sleep)
 
     # -- the Lease holder ----------------------------------------------------------------
 

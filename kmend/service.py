@@ -298,6 +298,9 @@ class Kmend:
     def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
         """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""
         dump = load_dump(data)  # parsed and checked before the lock: a large dump never blocks ingest
+        if self.replicas is not None:
+            self.replicas.ingest_dump(job, rank, node, dump, source or f"{node}/flight-recorder/{job}/{rank}")
+            return
         with self._lock:
             self.detectors.add_checked_dump(job, rank, node, dump, self.detector_now(),
                                             source=source or f"{node}/flight-recorder/{job}/{rank}")

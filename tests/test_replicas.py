@@ -218,3 +218,17 @@ def test_progress_split_over_replicas_reaches_one_hang_detector(pair: tuple[Kmen
     assert b.evaluate(now=t + 120).findings == ()  # detectors run on the leader only
     hang = [f for f in a.evaluate(now=t + 120).findings if f.fault_class is FaultClass.HANG]
     assert [f.where.job for f in hang] == ["job-h"]
+
+
+def test_flight_recorder_dumps_posted_to_both_replicas_are_judged_together(pair: tuple[Kmend, Kmend, Lease]) -> None:
+    from tests.test_agent_flight_recorder import GLOO
+
+    a, b, _ = pair
+    assert a.replicas is not None
+    for k, r in ((a, 0), (b, 2)):  # ranks 0 and 2 of a 3-rank gloo job wrote dumps; rank 1 never joined
+        k.ingest_flight_recorder("gloo-job", r, "gpu-node-01", (GLOO / f"gloo_trace_rank_{r}").read_bytes())
+    assert a.replicas.tail() == 2
+    now = a.clock() + 60
+    assert b.evaluate(now=now).findings == ()
+    [f] = [x for x in a.evaluate(now=now).findings if x.rule_id == "flight-recorder"]
+    assert (f.where.job, f.where.rank) == ("gloo-job", 1)

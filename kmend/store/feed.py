@@ -22,8 +22,9 @@ from typing import Any
 
 from sqlalchemy import BigInteger, ColumnClause, Connection, delete, literal_column, select, text, tuple_
 
+from analyzer.detectors.flight_recorder import Dump, Entry
 from analyzer.detectors.stacks import StackSample
-from analyzer.digest import BatchDigest, StackReport
+from analyzer.digest import BatchDigest, DumpReport, StackReport
 from analyzer.metric_eval import SeriesState
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
@@ -67,6 +68,10 @@ def digest_to_dict(d: BatchDigest) -> dict[str, Any]:
                     for s in d.metrics if isinstance(s.payload, MetricSample)],
         "stacks": [[st.job, st.ts, st.sample.rank, st.sample.node, st.sample.pid, st.sample.text, st.sample.state,
                     st.sample.source] for st in d.stacks],
+        "dumps": [{"job": r.job, "rank": r.rank, "node": r.node, "ts": r.ts, "source": r.source,
+                   "entries": [[e.pg[0], e.pg[1], e.seq, e.op, e.completed] for e in r.dump.entries],
+                   "groups": {name: [desc, list(ranks)] for name, (desc, ranks) in r.dump.groups.items()}}
+                  for r in d.dumps],
     }
 
 
@@ -83,7 +88,15 @@ def digest_from_dict(d: dict[str, Any]) -> BatchDigest:
         stacks=tuple(StackReport(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
                                                   source=source), ts)
                      for job, ts, rank, node, pid, text, state, source in d.get("stacks", [])),
+        dumps=tuple(DumpReport(r["job"], int(r["rank"]), r["node"], _dump(r), float(r["ts"]), r["source"])
+                    for r in d.get("dumps", [])),
     )
+
+
+def _dump(r: dict[str, Any]) -> Dump:
+    entries = tuple(Entry((name, desc), int(seq), op, bool(done)) for name, desc, seq, op, done in r["entries"])
+    return Dump(entries=entries,
+                groups={name: (desc, tuple(int(x) for x in ranks)) for name, (desc, ranks) in r["groups"].items()})
 
 
 class Feed:
@@ -128,7 +141,7 @@ class Feed:
         return IngestOutcome(len(fresh), len(signals) - len(fresh), got.findings, (), tuple(fresh)), got
 
     def append(self, digest: BatchDigest) -> None:
-        """One feed row outside a signal batch (a stack dump)."""
+        """One feed row outside a signal batch (a stack or Flight Recorder dump)."""
         with self.store.engine.begin() as conn:
             conn.execute(schema.replica_feed.insert().values(tx=_TX, at=self.clock(), body=digest_to_dict(digest)))
             conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
