@@ -18,8 +18,8 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.96, "hardware_accuracy": 0.965, "action_accuracy": 0.955},
-    "heldout": {"class_accuracy": 0.75, "hardware_accuracy": 0.775, "action_accuracy": 0.75},
+    "dev": {"class_accuracy": 0.965, "hardware_accuracy": 0.97, "action_accuracy": 0.96},
+    "heldout": {"class_accuracy": 0.82, "hardware_accuracy": 0.845, "action_accuracy": 0.81},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 3}
 
@@ -30,7 +30,7 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 570
+    assert len(entries) >= 599
     assert sum(e.benign for e in entries) >= 116
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
