@@ -86,6 +86,22 @@ def test_the_cli_prints_json_per_half(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(out) == {"dev"} and out["dev"]["excerpts"] > 0
 
 
+def test_each_half_is_broken_down_by_expected_class(entries: list[CorpusEntry],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    result = report(run_entries([e for e in entries if e.split == "dev"], [Path(__file__).parent.parent / "rules"]),
+                    "dev")["dev"]
+    rows = result["by_class"]
+    # The rows add up to the half's figures, so a weak family shows without reading its excerpts.
+    assert sum(r["faults"] for r in rows.values()) == result["faults"]
+    assert sum(r["no_incident"] for r in rows.values()) == result["no_incident"]
+    assert round(sum(r["class_ok"] for r in rows.values()) / result["faults"], 3) == result["class_accuracy"]
+    assert {"storage", "node", "oom_gpu"} <= set(rows) and all(0 <= r["class_ok"] <= r["faults"] for r in rows.values())
+    assert main(["eval", "corpus", "--dir", str(CORPUS), "--split", "heldout", "--misses", "none"]) == 0
+    out = capsys.readouterr().out
+    storage = next(line for line in out.splitlines() if line.startswith("storage "))
+    assert "/" in storage and "(" in storage and "heldout misses:" in out
+
+
 def test_a_broken_corpus_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "x.yaml").write_text("entries:\n  - id: Bad Id\n")
     assert main(["eval", "corpus", "--dir", str(tmp_path)]) == 2
