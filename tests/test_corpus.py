@@ -18,8 +18,8 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.965, "hardware_accuracy": 0.97, "action_accuracy": 0.96},
-    "heldout": {"class_accuracy": 0.835, "hardware_accuracy": 0.855, "action_accuracy": 0.83},
+    "dev": {"class_accuracy": 0.965, "hardware_accuracy": 0.97, "action_accuracy": 0.965},
+    "heldout": {"class_accuracy": 0.84, "hardware_accuracy": 0.865, "action_accuracy": 0.835},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 3}
 
@@ -30,7 +30,7 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 616
+    assert len(entries) >= 620
     assert sum(e.benign for e in entries) >= 116
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
