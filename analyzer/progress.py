@@ -7,8 +7,10 @@ and the optional hook (``collector.progress_hook``) whose samples come in as
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from analyzer.progress_rules import Extracted, ProgressKind, ProgressRule
 from collector.identity import line_rank, strip_rank_prefix
@@ -64,11 +66,83 @@ def match_progress(text: str, rules: Sequence[ProgressRule]) -> tuple[ProgressRu
     return None
 
 
+class ProgressMatcher:
+    """Same answer as :func:`match_progress`, with one combined prefilter instead of every rule on every line.
+
+    All rules' patterns are one RE2 set: a single pass over a line says which rules' patterns match it,
+    and only those (in priority order) extract. A line that matches no rule, nearly every line a
+    trainer prints, costs that one pass. Linear in the line, as every rule is.
+    """
+
+    def __init__(self, rules: Sequence[ProgressRule]) -> None:
+        import re2
+
+        self.rules = tuple(sorted(rules, key=lambda r: r.priority))
+        opts = re2.Options()
+        opts.log_errors = False
+        self._set: Any = re2.Set.SearchSet(opts)
+        self._rule_of: dict[int, int] = {}
+        self._always: tuple[int, ...] = ()
+        always: list[int] = []
+        for i, rule in enumerate(self.rules):
+            try:
+                self._rule_of[self._set.Add(rule.regex.pattern)] = i
+            except re2.error:
+                always.append(i)  # a pattern the set refuses is simply tried on every line
+        self._always = tuple(always)
+        if self._rule_of:
+            self._set.Compile()
+        # Where the installed RE2 exposes its compiled Match (every group's span in one call), an ASCII line
+        # is read through it: a fifth of the cost of the wrapper's search() and groupdict().
+        anchor = getattr(getattr(getattr(re2, "_re2", None), "RE2", None), "Anchor", None)
+        self._spans: list[tuple[Callable[[bytes, int, int], list[tuple[int, int]]], tuple[tuple[str, int], ...]]
+                          | None] = []
+        for rule in self.rules:
+            compiled = re2.compile(rule.regex.pattern.encode("utf-8"), options=opts)
+            match = getattr(getattr(compiled, "_regexp", None), "Match", None)
+            names = tuple(sorted(rule.regex.groupindex.items(), key=lambda kv: kv[1]))
+            self._spans.append((functools.partial(match, anchor.UNANCHORED), names)
+                               if match is not None and anchor is not None else None)
+
+    def candidates(self, body: str) -> list[int]:
+        """Indices (priority order) of the rules whose pattern matches somewhere in ``body``."""
+        found = [self._rule_of[k] for k in self._set.Match(body) or ()] if self._rule_of else []
+        if self._always:
+            found.extend(self._always)
+        found.sort()
+        return found
+
+    def match(self, text: str) -> tuple[ProgressRule, Extracted] | None:
+        """The first rule (in priority order) that reads progress from a line, and what it read."""
+        segments = reversed(text.split("\r")) if "\r" in text else (text,)
+        for seg in segments:
+            body = strip_rank_prefix(seg)
+            for i in self.candidates(body):
+                got = self._extract(i, body)
+                if got is not None:
+                    return self.rules[i], got
+        return None
+
+    def _extract(self, i: int, body: str) -> Extracted | None:
+        rule, fast = self.rules[i], self._spans[i]
+        if fast is None or not body.isascii():
+            return rule.extract(body)
+        if rule.contains not in body:
+            return None
+        data = body.encode("ascii")
+        spans = fast[0](data, 0, len(data))
+        if spans[0][0] < 0:
+            return None
+        return rule.values({name: data[span[0]:span[1]].decode("ascii") if (span := spans[idx])[0] >= 0 else None
+                            for name, idx in fast[1]})
+
+
 class ProgressExtractor:
     """Turns signals into progress events; keeps a counter for formats that print no step number."""
 
     def __init__(self, rules: Sequence[ProgressRule]) -> None:
         self.rules = tuple(sorted(rules, key=lambda r: r.priority))
+        self._matcher = ProgressMatcher(self.rules)
         self._counters: dict[tuple[str, int, str], int] = {}
         self._epochs: dict[tuple[str, int, str], tuple[int, int, int]] = {}
 
@@ -94,7 +168,7 @@ class ProgressExtractor:
         return out
 
     def _from_line(self, sig: Signal, line: LogLine) -> ProgressEvent | None:
-        found = match_progress(line.text, self.rules)
+        found = self._matcher.match(line.text)
         return self._event(sig, line, *found) if found is not None else None
 
     def _event(self, sig: Signal, line: LogLine, rule: ProgressRule, got: Extracted) -> ProgressEvent | None:

@@ -8,7 +8,7 @@ extract, and a bad rule fails at load with its file, rule id and field.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -112,7 +112,10 @@ class ProgressRule:
         m = self.regex.search(text)
         if m is None:
             return None
-        g = m.groupdict()
+        return self.values(m.groupdict())
+
+    def values(self, g: Mapping[str, str | None]) -> Extracted:
+        """What the pattern's named groups read (a group that took no part is None)."""
         epoch = g.get("epoch")
         return Extracted(step=_int(g.get("step")), total=_int(g.get("total")), step_time=_step_time(g),
                          rank=_int(g.get("rank")), epoch=int(epoch) if epoch and epoch.isdigit() else None)
@@ -122,7 +125,7 @@ def _int(raw: str | None) -> int | None:
     return int(raw.replace(",", "")) if raw else None
 
 
-def _step_time(g: dict[str, str | None]) -> float | None:
+def _step_time(g: Mapping[str, str | None]) -> float | None:
     if g.get("step_time_ms"):
         return float(g["step_time_ms"] or 0) / 1000.0
     if g.get("step_time_s"):

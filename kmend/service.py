@@ -8,7 +8,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.correlate import Correlator
 from analyzer.detectors.flight_recorder import load_dump
@@ -39,6 +39,9 @@ from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
 from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
+
+if TYPE_CHECKING:
+    from kmend.replicas import Replicas
 
 log = logging.getLogger("kmend.service")
 
@@ -126,6 +129,8 @@ class Kmend:
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
         self.ready = False
+        self.replicas: Replicas | None = None
+        """Set when several replicas share PostgreSQL: ingest writes the feed, the Lease holder correlates."""
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -154,13 +159,17 @@ class Kmend:
                 if st and st != inc.state.value:
                     corr.set_state(inc.id, IncidentState(st), now, "restored")
             # The detectors keep their state: a rolled-back batch comes again and is folded idempotently.
-            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals)
+            # The compiled matcher is kept: it holds no incident state, and compiling it again costs seconds.
+            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals,
+                                     matcher=self.analyzer.matcher)
             self._refresh_open_gauge()
 
     # -- ingest --------------------------------------------------------------------
 
     def ingest(self, signals: Sequence[Signal], origin: tuple[str, int] | None = None) -> IngestOutcome:
         """Store and analyze a batch; repeated ids, or a numbered batch already taken (`origin`), are ignored."""
+        if self.replicas is not None:
+            return self.replicas.ingest(signals, origin)
         with self._lock, self.metrics.batch_seconds.time():
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
             changed: list[SeriesState] = []
@@ -216,6 +225,8 @@ class Kmend:
         Settled Flight Recorder dumps are judged between two short holds of the lock, so
         analysing a large dump never holds up ingest.
         """
+        if self.replicas is not None and not self.replicas.leading:
+            return IngestOutcome(0, 0, (), ())  # the detectors run on the replica that folds the feed
         with self._lock:
             t = self.detector_now() if now is None else now
             settled = self.detectors.take_settled_dumps(t)
@@ -238,6 +249,10 @@ class Kmend:
 
     def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
+        if self.replicas is not None:
+            self.replicas.ingest_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
+                                                        source=f"{node}/stack/{job}/{rank}/{pid}/{self.clock():.3f}"))
+            return
         with self._lock:
             t = self.detector_now()
             self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
@@ -283,6 +298,9 @@ class Kmend:
     def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
         """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""
         dump = load_dump(data)  # parsed and checked before the lock: a large dump never blocks ingest
+        if self.replicas is not None:
+            self.replicas.ingest_dump(job, rank, node, dump, source or f"{node}/flight-recorder/{job}/{rank}")
+            return
         with self._lock:
             self.detectors.add_checked_dump(job, rank, node, dump, self.detector_now(),
                                             source=source or f"{node}/flight-recorder/{job}/{rank}")
@@ -355,6 +373,11 @@ class Kmend:
             # Cleared before the round reads incidents: a wake during the round starts the next one at once,
             # and tells this one to leave older plans for later.
             self._wake.clear()
+            try:
+                if self.replicas is not None:
+                    self.replicas.tail()
+            except Exception:
+                log.exception("reading the replica feed failed")
             try:
                 self.heal_once(interrupted=self._wake.is_set)
                 self.metrics.healer_round.set_to_current_time()

@@ -68,6 +68,15 @@ class DetectorSuite:
                 self.watermark = sig.ts
         return events
 
+    def observe_digest(self, events: Sequence[ProgressEvent], metrics: Sequence[Signal], newest: float) -> None:
+        """Progress events and detector metrics another replica extracted from its batch (see ``observe``)."""
+        for ev in events:
+            self.book.observe_progress(ev)
+        for sig in metrics:
+            self.book.observe_metric(sig)
+        if newest > self.watermark:
+            self.watermark = newest
+
     def observe_findings(self, findings: Sequence[Finding]) -> None:
         """Rule findings of a batch: collective-timeout lines say which ranks were left waiting."""
         self.witnesses.observe(list(findings))
