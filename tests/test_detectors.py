@@ -190,7 +190,7 @@ def test_hook_phases_replace_the_log_lines_step_time_whichever_arrives_first(
     hook5 = job.progress(0, 6.0, step_time=0.9, compute=0.4)
     assert isinstance(hook5.payload, ProgressSample) and hook5.payload.step == 5
     suite.observe([log5, log6, hook5])
-    rank = suite.book.jobs["j"].ranks[0]
+    rank = suite.book.jobs["training/j"].ranks[0]  # the hook's samples (no namespace) join the pod's job
     assert rank.basis == "compute" and list(rank.times) == [0.3, 0.3, 0.3, 0.3, 0.4]
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.detectors.book import JobBook, JobState
-from analyzer.records import Action, FaultClass, Finding, Location, Severity
+from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 from models.isolation import NodeOutlierModel
 from models.robust import RobustScorer
 
@@ -160,7 +160,7 @@ class StragglerDetector:
                 msg += f"; node: {reason}"
             out.append(Finding(
                 id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
-                severity=Severity.WARNING, hardware=hardware, where=Location(node=st.node, rank=r, job=name),
+                severity=Severity.WARNING, hardware=hardware, where=job_location(name, node=st.node, rank=r),
                 rule_id=DETECTOR_ID, recommended_action=action,
                 evidence=(st.signal_id,) if st.signal_id else (), message=msg, fields=fields,
             ))
@@ -203,7 +203,7 @@ class StragglerDetector:
                 fields["node_evidence"] = reason
             out.append(Finding(
                 id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
-                severity=Severity.WARNING, hardware=reason is not None, where=Location(node=st.node, rank=r, job=name),
+                severity=Severity.WARNING, hardware=reason is not None, where=job_location(name, node=st.node, rank=r),
                 rule_id=DETECTOR_ID, recommended_action=Action.NOTIFY,
                 evidence=(st.signal_id,) if st.signal_id else (), fields=fields,
                 message=(f"rank {r} on {st.node} reports each step {excess[i]:.3f} s after its peers "
@@ -299,7 +299,7 @@ class StragglerDetector:
             ranks = sorted(r for r, s in job.ranks.items() if s.node == node and r >= 0)
             out.append(Finding(
                 id=f"{NODE_DETECTOR_ID}:{name}:{node}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
-                severity=Severity.WARNING, hardware=True, where=Location(node=node, job=name),
+                severity=Severity.WARNING, hardware=True, where=job_location(name, node=node),
                 rule_id=NODE_DETECTOR_ID, recommended_action=Action.NOTIFY, evidence=(),
                 message=f"{node} is an outlier among the {len(nodes)} nodes of {name}: {evidence[node]}",
                 fields={"node_evidence": evidence[node], "ranks": ",".join(map(str, ranks[:16])),
