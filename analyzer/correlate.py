@@ -97,7 +97,6 @@ class Correlator:
     def observe_placement(self, job: str, node: str, ts: float | None = None) -> None:
         """Record that `job` ran on `node` at `ts` (None: for good, as in a log bundle cut around one failure)."""
         seen = float("inf") if ts is None else ts
-        job = self._resolve(job)
         jobs = self._node_jobs[node]
         before = jobs.get(job)
         if before is None or seen > before:
@@ -113,15 +112,8 @@ class Correlator:
         """Jobs seen on a node (at `at`: those seen within the placement TTL before it)."""
         jobs = self._node_jobs.get(node, {})
         if at is None:
-            return frozenset(map(self._resolve, jobs))
-        return frozenset(self._resolve(j) for j, seen in jobs.items() if self._fresh(seen, at))
-
-    def _resolve(self, job: str) -> str:
-        """A bare job name as ``namespace/job`` when exactly one namespace has a job of that name."""
-        if "/" in job:
-            return job
-        keys = self._namespaced.get(job)
-        return next(iter(keys)) if keys is not None and len(keys) == 1 else job
+            return frozenset(jobs)
+        return frozenset(j for j, seen in jobs.items() if self._fresh(seen, at))
 
     def _fresh(self, seen: float, at: float) -> bool:
         return seen == float("inf") or at - self.placement_ttl_s <= seen
@@ -291,11 +283,14 @@ class Correlator:
     def _with_namespace(self, f: Finding) -> Finding:
         # A reporter that knows no namespace (an older agent, a hook outside any pod) names the job of
         # that name when exactly one namespace has it.
+        # A bare name that was itself seen (its own reporters never name a namespace) stays as it is.
         w = f.where
-        if w.job is None or w.namespace:
+        if w.job is None or w.namespace or w.job in self._job_nodes:
             return f
-        key = self._resolve(w.job)
-        return f if key == w.job else replace(f, where=replace(w, namespace=key.partition("/")[0]))
+        keys = self._namespaced.get(w.job)
+        if keys is None or len(keys) != 1:
+            return f
+        return replace(f, where=replace(w, namespace=next(iter(keys)).partition("/")[0]))
 
     def _with_inferred_job(self, f: Finding) -> Finding:
         # Kernel lines name no job; if exactly one job runs on the node, it is that job's.

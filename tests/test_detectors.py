@@ -133,8 +133,8 @@ def test_a_job_silent_for_a_day_is_forgotten_after_its_hang_was_reported() -> No
     for _, sigs in job.run(10):
         suite.observe(sigs)
     assert [f.fault_class for f in suite.evaluate(job.ts + 60)] == [FaultClass.HANG]
-    assert "j" in suite.book.jobs
-    assert suite.evaluate(job.ts + 7200) == [] and "j" not in suite.book.jobs
+    assert "training/j" in suite.book.jobs
+    assert suite.evaluate(job.ts + 7200) == [] and "training/j" not in suite.book.jobs
 
 
 def test_hang_floor_and_k_are_settings() -> None:
