@@ -142,3 +142,19 @@ def test_the_healer_acts_on_the_namespace_the_incident_names(shipped_rules: list
     [plan] = h.healing().heal_once([inc], lambda *_: None)
     assert plan.namespace == "z-team"
     assert {s.params["namespace"] for s in plan.steps if s.params.get("job")} <= {"z-team"}
+
+
+def test_kmend_get_names_the_job_with_its_namespace() -> None:
+    from kmend.commands.ctl import COLUMNS, table
+
+    _, cols, wide = COLUMNS["incidents"]
+    row = {"id": "inc-1", "state": "open", "fault_class": "hang", "hardware": False,
+           "recommended_action": "restart_job", "opened_at": T0, "jobs": ["b/train"],
+           "root_cause": {"node": "gpu-1", "gpu": None, "pci": None, "port": None, "rank": 3, "job": "train",
+                          "namespace": "b"}}
+    out = table([row], [*cols, *wide], T0 + 60)
+    assert "job=b/train" in out and "rank=3" in out
+    _, plan_cols, plan_wide = COLUMNS["plans"]
+    plan = {"id": "plan-1", "state": "pending", "mode": "approval", "policy": "p", "node": "gpu-1", "steps": [],
+            "created_at": T0, "incident_id": "inc-1", "job": "train", "namespace": "b"}
+    assert "b/train" in table([plan], [*plan_cols, *plan_wide], T0 + 60)
