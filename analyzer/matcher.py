@@ -71,7 +71,7 @@ def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: Mappin
         hardware=rule.hardware is True,
         where=Location(
             node=signal.node, gpu=fields.get("gpu"), pci=pci, port=fields.get("port"),
-            rank=rank if rank is not None else line.rank, job=line.job,
+            rank=rank if rank is not None else line.rank, job=line.job, namespace=line.namespace,
         ),
         rule_id=rule.id,
         recommended_action=action,

@@ -17,13 +17,13 @@ from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
 
 _PAYLOAD = operator.attrgetter("payload")
-_JOB = operator.attrgetter("job")
+_JOB = operator.attrgetter("namespace", "job")
 _NODE = operator.attrgetter("node")
 _TS = operator.attrgetter("ts")
 
 
 def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
-    """(job, node) pairs a batch shows, each once.
+    """(job key, node) pairs a batch shows, each once (the key is ``namespace/job`` when the namespace is known).
 
     A batch is thousands of log lines from a few pods: collecting the distinct pairs in C and
     recording each once costs far less than a Python step per signal.
@@ -32,9 +32,9 @@ def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
     if set(map(type, payloads)) <= {LogLine, ProgressSample}:
         pairs = set(zip(map(_JOB, payloads), map(_NODE, signals), strict=True))
     else:
-        pairs = {(p.job, s.node) for s, p in zip(signals, payloads, strict=True)
+        pairs = {((p.namespace, p.job), s.node) for s, p in zip(signals, payloads, strict=True)
                  if isinstance(p, LogLine | ProgressSample)}
-    return {(job, node) for job, node in pairs if job}
+    return {(f"{ns}/{job}" if ns else job, node) for (ns, job), node in pairs if job}
 
 
 def strongest_per_signal(found: Sequence[Finding]) -> list[Finding]:

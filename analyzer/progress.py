@@ -48,6 +48,13 @@ class ProgressEvent:
     """Progress rule that matched, or ``hook`` for samples from the training-script hook."""
     world_size: int | None = None
     """Ranks in the run, when the reporter said (the hook records torchrun's ``WORLD_SIZE``)."""
+    namespace: str | None = None
+    """Kubernetes namespace of the job, when known: ``train`` in two namespaces is two jobs."""
+
+    @property
+    def key(self) -> str:
+        """The job's identity, which detectors key their state by: ``namespace/job``, or the bare name."""
+        return f"{self.namespace}/{self.job}" if self.namespace else self.job
 
 
 def match_progress(text: str, rules: Sequence[ProgressRule]) -> tuple[ProgressRule, Extracted] | None:
@@ -147,7 +154,7 @@ class ProgressExtractor:
         self._epochs: dict[tuple[str, int, str], tuple[int, int, int]] = {}
 
     def forget(self, job: str) -> None:
-        """Drop the step counters of a job that left the book."""
+        """Drop the step counters of a job (by its key) that left the book."""
         for kept in (self._counters, self._epochs):
             for key in [k for k in kept if k[0] == job]:
                 del kept[key]
@@ -160,7 +167,7 @@ class ProgressExtractor:
             if isinstance(p, ProgressSample):
                 out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=_KINDS[p.event],
                                          step=p.step, step_time=p.step_time, phases=dict(p.phases),
-                                         signal_id=sig.id, world_size=p.world_size))
+                                         signal_id=sig.id, world_size=p.world_size, namespace=p.namespace))
             elif isinstance(p, LogLine) and self.rules:
                 ev = self._from_line(sig, p)
                 if ev is not None:
@@ -172,15 +179,17 @@ class ProgressExtractor:
         return self._event(sig, line, *found) if found is not None else None
 
     def _event(self, sig: Signal, line: LogLine, rule: ProgressRule, got: Extracted) -> ProgressEvent | None:
-        job = line.job or (f"{line.namespace}/{line.pod}" if line.pod else None)
+        job = line.job or line.pod
         if job is None:
             return None  # progress of an unknown job cannot be compared with anything
+        # A pod with no job label is its own job, named by the pod in its namespace.
+        namespace = line.namespace or None
         rank = line.rank if line.rank is not None else got.rank
         if rank is None:
             named = line_rank(line.text)
             rank = named if named is not None else -1
         step = got.step
-        key = (job, rank, rule.id)
+        key = (f"{namespace}/{job}" if namespace else job, rank, rule.id)
         if step is None and rule.kind is ProgressKind.STEP:
             step = self._counters.get(key, 0) + 1
             self._counters[key] = step
@@ -188,7 +197,7 @@ class ProgressExtractor:
             step = self._through_epochs(key, got.epoch, step)
         return ProgressEvent(job=job, rank=rank, node=sig.node, ts=sig.ts, kind=rule.kind, step=step,
                              total=None if got.epoch is not None else got.total, step_time=got.step_time,
-                             signal_id=sig.id, rule_id=rule.id)
+                             signal_id=sig.id, rule_id=rule.id, namespace=namespace)
 
     def _through_epochs(self, key: tuple[str, int, str], epoch: int, step: int) -> int:
         """A step that restarts every epoch, made monotonic: the steps of earlier epochs are added.

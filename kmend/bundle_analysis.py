@@ -71,7 +71,7 @@ def _progress_lines(texts: Sequence[str], rules: Sequence[ProgressRule]) -> set[
 
 def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence[ProgressRule] = (),
             ) -> tuple[list[Signal], set[tuple[str, str]], float | None]:
-    """Signals for the lines some rule matches, the (job, node) placements the bundle shows,
+    """Signals for the lines some rule matches, the (job key, node) placements the bundle shows,
     and the bundle's last timestamp (None for an empty bundle)."""
     signals: list[Signal] = []
     placements: set[tuple[str, str]] = set()
@@ -104,7 +104,7 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
         for sig in probe:
             line = sig.payload
             if isinstance(line, LogLine) and line.job and sig.node != "unknown":
-                placements.add((line.job, sig.node))
+                placements.add((f"{line.namespace}/{line.job}" if line.namespace else line.job, sig.node))
     # Stamps without a year (syslog, glog) go into the year the bundle's dated lines say, else the file's mtime.
     dated = [s.ts for s in signals if is_dated(s.ts)] + [s.ts for _, fs, _ in files for s in fs if is_dated(s.ts)]
     dated += [ts for ts, _ in ends if is_dated(ts)]  # a file's last line, matched by a rule or not
@@ -300,7 +300,8 @@ def incident_json(inc: Incident) -> dict[str, Any]:
         "fault_class": inc.fault_class.value,
         "hardware": inc.hardware,
         "recommended_action": inc.recommended_action.value,
-        "root_cause": {"node": rc.node, "gpu": rc.gpu, "pci": rc.pci, "rank": rc.rank, "job": rc.job},
+        "root_cause": {"node": rc.node, "gpu": rc.gpu, "pci": rc.pci, "rank": rc.rank, "job": rc.job,
+                       "namespace": rc.namespace},
         "findings": [_finding_json(f) for f in shown_findings(inc)],
     }
 
@@ -323,7 +324,7 @@ def render_table(incidents: Sequence[Incident]) -> str:
         rows.append((
             str(n), inc.fault_class.value, "yes" if inc.hardware else "no", inc.recommended_action.value,
             rc.node or "-", rc.pci or rc.gpu or "-", "-" if rc.rank is None else str(rc.rank),
-            rc.job or "-", str(len(shown_findings(inc))), inc.root_finding.rule_id,
+            rc.job_key or "-", str(len(shown_findings(inc))), inc.root_finding.rule_id,
         ))
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]

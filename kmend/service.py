@@ -20,7 +20,7 @@ from analyzer.metric_eval import SeriesState, SignalEvaluator
 from analyzer.metric_rules import SignalRules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
-from analyzer.records import Finding, Incident, IncidentState
+from analyzer.records import Finding, Incident, IncidentState, job_location
 from analyzer.rules import Rule
 from collector.podmeta import JOB_LABELS
 from collector.signal import Signal
@@ -287,7 +287,8 @@ class Kmend:
         self._pods_checked[job] = wall + 5.0
         for key, _ in JOB_LABELS:
             try:
-                pods = self.workloads.list_pods(selector={key: job})
+                where = job_location(job)  # the detectors' key: ``namespace/job`` or a bare name
+                pods = self.workloads.list_pods(namespace=where.namespace, selector={key: where.job or job})
             except Exception:
                 log.debug("pods of %s unavailable; the job's logs decide", job, exc_info=True)
                 return False

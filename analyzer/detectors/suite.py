@@ -168,7 +168,7 @@ class DetectorSuite:
     def _placed(self, f: Finding) -> Finding:
         # A rank that wrote no dump has no node in the dumps; its progress reports know it.
         if f.where.node is None and f.where.rank is not None and f.where.job is not None:
-            job = self.book.jobs.get(f.where.job)
+            job = self.book.jobs.get(self.book.key_for(f.where.namespace, f.where.job))
             st = job.ranks.get(f.where.rank) if job else None
             if st is not None:
                 return replace(f, where=replace(f.where, node=st.node))
