@@ -9,6 +9,7 @@ answers why, and that is kept instead.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 from healer.records import ActionStep, Mode, Plan, StepKind
 from healer.steps.base import RepairRequest
@@ -40,3 +41,22 @@ def with_report(plan: Plan, request_id: str, state: str, result: str) -> ActionS
         return None
     key = "nvidia_smi_q" if state == "done" else "nvidia_smi_q_error"
     return replace(step, outputs={**step.outputs, key: result})
+
+
+class PlanJournal(Protocol):
+    """Where plans are read and a step's state saved (the service's store)."""
+
+    def get_plan(self, plan_id: str) -> Plan | None:
+        """One plan with its journaled step states."""
+        ...
+
+    def save_step(self, plan_id: str, step: ActionStep) -> None:
+        """Durably record one step's state."""
+        ...
+
+
+def keep(journal: PlanJournal, request_id: str, state: str, result: str) -> None:
+    """Save the agent's answer into its plan's evidence step (nothing when the plan or step is gone)."""
+    plan = journal.get_plan(plan_of(request_id))
+    if plan is not None and (step := with_report(plan, request_id, state, result)) is not None:
+        journal.save_step(plan.id, step)

@@ -207,9 +207,8 @@ class Healing:
                 self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
         made = [self._track(p) for p in self._quarantine(made)]
-        for p in made:  # after every cordon of the round
-            if (ask := gpu_report.report_request(p)) is not None:
-                self.store.ledger.open(ask)
+        for ask in filter(None, map(gpu_report.report_request, made)):  # after every cordon of the round
+            self.store.ledger.open(ask)
         if interrupted():
             return [self._settle(p, set_state) for p in made]
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
@@ -295,11 +294,10 @@ class Healing:
 
     def _track(self, plan: Plan) -> Plan:
         """Keep the runnable ids current: the loop asks a plan again only while it is running or pending."""
-        if self._runnable is not None:
-            if plan.state in (PlanState.RUNNING, PlanState.PENDING):
-                self._runnable.setdefault(plan.id)
-            else:
-                self._runnable.pop(plan.id, None)
+        if self._runnable is not None and plan.state in (PlanState.RUNNING, PlanState.PENDING):
+            self._runnable.setdefault(plan.id)
+        elif self._runnable is not None:
+            self._runnable.pop(plan.id, None)
         return plan
 
     @staticmethod
@@ -494,9 +492,7 @@ class Healing:
             raise KeyError(request_id)
         if req.kind == gpu_report.GPU_REPORT and req.state == "pending":
             with self.lock:  # rounds and runbook operations save whole plans under it: none overwrites this
-                plan = self.store.get_plan(gpu_report.plan_of(request_id))
-                if plan and (step := gpu_report.with_report(plan, request_id, state, result)):
-                    self.store.save_step(plan.id, step)
+                gpu_report.keep(self.store, request_id, state, result)
         answered = self.store.ledger.answer(request_id, state, result)
         assert answered is not None
         self._due.clear()  # the plan waiting on it goes on in the next round
