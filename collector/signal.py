@@ -67,6 +67,13 @@ class ProgressSample:
     """``step`` (`step` finished), ``end`` (the run finished) or ``exit`` (the rank's container is gone)."""
     world_size: int | None = None
     """Ranks in the run (torchrun's ``WORLD_SIZE``), when the reporter knows it: a change is a new run."""
+    samples: int = 1
+    """Steps this record stands for: 1 for one step's sample, more for an agent's window summary (then ``step``
+    is the window's last step, ``step_time`` and ``phases`` their means over the window)."""
+    step_time_min: float | None = None
+    """Fastest step time in a summary's window (None for a single sample)."""
+    step_time_max: float | None = None
+    """Slowest step time in a summary's window (None for a single sample)."""
 
 
 Payload = LogLine | MetricSample | ProgressSample

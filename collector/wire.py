@@ -58,6 +58,9 @@ class ProgressPayload(_Strict):
     phases: dict[Text, float] = Field(default_factory=dict, max_length=64)
     event: Literal["step", "end", "exit"] = "step"
     world_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    samples: int = Field(default=1, ge=1, le=1_000_000)
+    step_time_min: float | None = Field(default=None, ge=0)
+    step_time_max: float | None = Field(default=None, ge=0)
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -98,7 +101,8 @@ def to_record(s: SignalIn) -> Signal:
     elif isinstance(p, MetricPayload):
         payload = MetricSample(p.name, p.value, dict(p.labels))
     else:
-        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size)
+        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size, p.samples,
+                                 p.step_time_min, p.step_time_max)
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -124,4 +128,6 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body["event"] = p.event
         if p.world_size is not None:
             body["world_size"] = p.world_size
+        if p.samples != 1:
+            body |= {"samples": p.samples, "step_time_min": p.step_time_min, "step_time_max": p.step_time_max}
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

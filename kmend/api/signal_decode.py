@@ -48,6 +48,10 @@ class _Progress(Struct, tag_field="kind", tag="progress", forbid_unknown_fields=
     step_time: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
     phases: Annotated[dict[str, Finite], Meta(max_length=64)] = {}
     event: Literal["step", "end", "exit"] = "step"
+    world_size: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    samples: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
+    step_time_min: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
+    step_time_max: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
 
 
 class _Signal(Struct, forbid_unknown_fields=True):
@@ -95,6 +99,7 @@ def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
             payload = MetricSample(p.name, p.value, p.labels)
         else:
             assert isinstance(p, _Progress)
-            payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event)
+            payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event, p.world_size, p.samples,
+                                     p.step_time_min, p.step_time_max)
         append(Signal(s.id, s.node, s.source, s.ts, payload))
     return out, None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)
