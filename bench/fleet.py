@@ -109,7 +109,9 @@ def leader_main(url: str, ready: Any, go: Any, drain: Any, out: Any) -> None:
         folded += n
         if time.monotonic() >= next_eval:  # as `kmend serve` does, every KMEND_DETECTOR_INTERVAL_S (1 s)
             c = _cpu()
-            k.evaluate()
+            # On the fleet's clock (the signals' own time): windows arrive slower than real time here, and the
+            # wall clock would call every job whose next window is still queued a hang.
+            k.evaluate(k.detectors.watermark or None)
             detect_cpu += _cpu() - c
             evaluations += 1
             next_eval = time.monotonic() + 1.0
