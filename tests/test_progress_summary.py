@@ -148,3 +148,12 @@ def test_a_slow_rank_is_found_through_summaries_with_its_slowdown() -> None:
              if f.fault_class is FaultClass.STRAGGLER]
     assert [f.where.rank for f in found] == [37]
     assert 1.15 < float(found[0].fields["slowdown"]) < 1.35
+
+
+def test_a_ten_percent_slow_rank_among_256_is_found_through_summaries_as_soon_as_through_samples() -> None:
+    job = TraceJob("j", world=256, step_s=1.0, seed=8)
+    batches = job.run(10) + job.run(50, straggle=Straggle(rank=77, factor=1.10, from_step=11))
+    [f] = _drive(DetectorSuite(), _through_summaries(batches), until=job.ts + 10)
+    assert f.fault_class is FaultClass.STRAGGLER and (f.where.rank, f.where.node) == (77, "j-n009")
+    assert 1.07 < float(f.fields["slowdown"]) < 1.13 and f.fields["basis"] == "compute"
+    assert int(f.fields["step"]) - 10 <= 50 and not f.hardware
