@@ -69,6 +69,13 @@ class ProgressSample:
     """Ranks in the run (torchrun's ``WORLD_SIZE``), when the reporter knows it: a change is a new run."""
     namespace: str | None = None
     """Kubernetes namespace of the job's pods, when known (older agents send none): it is part of the job's identity."""
+    samples: int = 1
+    """Steps this record stands for: 1 for one step's sample, more for an agent's window summary (then ``step``
+    is the window's last step, ``step_time`` and ``phases`` their means over the window)."""
+    step_time_min: float | None = None
+    """Fastest step time in a summary's window (None for a single sample)."""
+    step_time_max: float | None = None
+    """Slowest step time in a summary's window (None for a single sample)."""
 
 
 Payload = LogLine | MetricSample | ProgressSample

@@ -60,6 +60,9 @@ class ProgressPayload(_Strict):
     world_size: int | None = Field(default=None, ge=1, le=1_000_000)
     namespace: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[^\x00/]+$")] | None = None
     """The job's namespace (part of its identity); older agents send none."""
+    samples: int = Field(default=1, ge=1, le=1_000_000)
+    step_time_min: float | None = Field(default=None, ge=0)
+    step_time_max: float | None = Field(default=None, ge=0)
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -101,7 +104,8 @@ def to_record(s: SignalIn) -> Signal:
         payload = MetricSample(p.name, p.value, dict(p.labels))
     else:
         payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size,
-                                 p.namespace)
+                                 namespace=p.namespace, samples=p.samples, step_time_min=p.step_time_min,
+                                 step_time_max=p.step_time_max)
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -129,4 +133,6 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body["world_size"] = p.world_size
         if p.namespace is not None:
             body["namespace"] = p.namespace
+        if p.samples != 1:
+            body |= {"samples": p.samples, "step_time_min": p.step_time_min, "step_time_max": p.step_time_max}
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

@@ -24,8 +24,10 @@ NOISE = "tokenizer vocab size 32000, padded to 32768"
 
 
 def _settings(tmp_path: Path, **kw: Any) -> AgentSettings:
-    # A port nobody listens on: every batch lands in the spool, where the test reads it.
-    base: dict[str, Any] = {"node": "gpu-3", "state_dir": tmp_path / "state", "pods_root": tmp_path / "pods",
+    # A port nobody listens on: every batch lands in the spool, where the test reads it. Every step's sample is
+    # shipped as read (summaries: tests/test_progress_summary.py).
+    base: dict[str, Any] = {"progress_summary_s": 0,
+                            "node": "gpu-3", "state_dir": tmp_path / "state", "pods_root": tmp_path / "pods",
                             "kernel": "off", "ib_root": tmp_path / "no-ib", "nvml": False, "pod_labels": False,
                             "service_url": f"http://127.0.0.1:{free_port()}"}
     return AgentSettings(**{**base, **kw})

@@ -50,6 +50,9 @@ class _Progress(Struct, tag_field="kind", tag="progress", forbid_unknown_fields=
     event: Literal["step", "end", "exit"] = "step"
     world_size: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     namespace: Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[^\x00/]+$")] | None = None
+    samples: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
+    step_time_min: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
+    step_time_max: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
 
 
 class _Signal(Struct, forbid_unknown_fields=True):
@@ -97,6 +100,8 @@ def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
             payload = MetricSample(p.name, p.value, p.labels)
         else:
             assert isinstance(p, _Progress)
-            payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event, p.world_size, p.namespace)
+            payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event, p.world_size,
+                                     namespace=p.namespace, samples=p.samples, step_time_min=p.step_time_min,
+                                     step_time_max=p.step_time_max)
         append(Signal(s.id, s.node, s.source, s.ts, payload))
     return out, None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)

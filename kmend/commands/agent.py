@@ -40,6 +40,7 @@ from collector.podmeta import FilePodMetadata, KubeApiPodMetadata, PodMetadataPr
 from collector.prefilter import RegexPrefilter
 from collector.processes import ProcessFinder
 from collector.progress_file import ProgressFileSource
+from collector.progress_summary import SummarisedProgress
 from collector.shipper import Shipper
 from collector.signal import LogLine, Signal
 from collector.sources.base import SignalSource
@@ -95,6 +96,8 @@ class AgentSettings(BaseSettings):
                                             description="progress rule packs: lines they match pass the prefilter")
     progress_dir: Path | None = Field(None, description="directory of report_step JSON lines ($KMEND_PROGRESS_DIR "
                                                         "of the training pods, a hostPath)")
+    progress_summary_s: float = Field(5.0, ge=0, description="seconds between the per-rank progress summaries "
+                                                              "shipped instead of every step's sample (0: all)")
     pod_labels: bool = Field(True, description="look up job and rank in pod labels (in-cluster only)")
     node_requests: bool = Field(True, description="poll the service for GPU resets and checkpoint searches")
     request_interval: float = Field(5.0, gt=0, description="seconds between polls of the node's requests (GPU "
@@ -215,8 +218,11 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                                      prefilter=prefilter))
     if settings.progress_dir is not None:
         # Added even before the directory exists: the first training pod creates it.
-        sources.append(ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress"),
-                                          pod_metadata=meta, job=settings.job))
+        progress: SignalSource = ProgressFileSource(settings.progress_dir, node, resume=checkpoints.section("progress"),
+                                                    pod_metadata=meta, job=settings.job)
+        if settings.progress_summary_s > 0:
+            progress = SummarisedProgress(progress, settings.progress_summary_s)
+        sources.append(progress)
     if settings.flight_recorder_dir is not None:
         uploader = HttpDumpUploader(settings.service_url, token=settings.bearer())
         sources.append(FlightRecorderSource(node=node, root=settings.flight_recorder_dir, uploader=uploader,
@@ -296,6 +302,8 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--dcgm-url", {"help": "DCGM exporter /metrics URL"}),
     ("--flight-recorder-dir", {"type": Path, "help": "Flight Recorder dumps to upload"}),
     ("--progress-dir", {"type": Path, "help": "report_step progress files (KMEND_AGENT_PROGRESS_DIR)"}),
+    ("--progress-summary-s", {"type": float, "help": "seconds between per-rank progress summaries (0: ship every "
+                                                     "step's sample)"}),
     ("--pod-labels-file", {"type": Path, "help": "JSON/YAML: 'namespace/pod' -> labels (off-cluster job and rank)"}),
     ("--job", {"help": "job name of every pod on this node (default: from labels or the pod name)"}),
     ("--metrics-interval", {"type": float, "help": "seconds between GPU/NIC samples"}),
