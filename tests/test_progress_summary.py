@@ -40,6 +40,18 @@ def test_a_window_becomes_one_summary_per_rank_with_last_step_and_step_time_stat
     assert w.flush() == []  # nothing new: nothing shipped
 
 
+def test_the_same_job_name_in_two_namespaces_keeps_two_windows() -> None:
+    w = ProgressWindows()
+    for step in (1, 2, 3):
+        for ns, st in (("team-a", 1.0), ("team-b", 4.0)):
+            w.add(Signal(f"n1/progress/{ns}/{step}", "n1", Source.PROGRESS, 10.0 + step,
+                         ProgressSample("llama", 0, step, st, namespace=ns)))
+    out = {s.payload.namespace: s for s in w.flush() if isinstance(s.payload, ProgressSample)}
+    assert set(out) == {"team-a", "team-b"}
+    assert [out[ns].payload.step_time for ns in ("team-a", "team-b")] == [1.0, 4.0]  # type: ignore[union-attr]
+    assert out["team-b"].id == "n1/progress-summary/team-b/llama/0/3"
+
+
 def test_an_end_follows_the_steps_before_it_and_other_signals_pass_at_once() -> None:
     w = ProgressWindows()
     w.add(_sample(0, 1, 1.0))
