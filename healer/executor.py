@@ -21,6 +21,7 @@ from healer.notify import Announcement
 from healer.records import (
     DONE_STEP_STATES,
     FINAL_PLAN_STATES,
+    LOCAL_STEPS,
     ActionStep,
     Mode,
     Plan,
@@ -45,8 +46,6 @@ RUNNERS: dict[StepKind, StepRunner] = {
     StepKind.VALIDATE: repair.validate,
 }
 """Every step kind's runner."""
-LOCAL_STEPS = frozenset({StepKind.EVIDENCE})
-"""Steps that change nothing outside the journal: run in memory and journaled with the next step's intent."""
 
 
 class Journal(Protocol):
@@ -189,7 +188,9 @@ class PlanExecutor:
                     return blocked
                 if verdict.kind is VerdictKind.WAIT:
                     if step.result != verdict.reason:
-                        step = replace(step, state=StepState.WAITING, result=verdict.reason)
+                        # Held by a brake, the step keeps its state: a pending one has not run, so the plan has
+                        # not started (the hourly limit judges it again next time, and it counts toward no one's).
+                        step = replace(step, result=verdict.reason)
                         steps[i] = step
                         unsaved = True
                     write()

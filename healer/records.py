@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -123,3 +123,14 @@ class Plan:
         for s in self.steps:
             merged.update(s.outputs)
         return merged
+
+
+LOCAL_STEPS = frozenset({StepKind.EVIDENCE})
+"""Steps that change nothing outside the journal: run in memory and journaled with the next step's intent.
+
+A plan whose only steps run so far are local has not started acting on the cluster (the brakes count it then)."""
+
+
+def has_acted(steps: Sequence[ActionStep]) -> bool:
+    """Whether a step that acts outside the journal has run (or is running or waiting)."""
+    return any(s.state not in (StepState.PENDING, StepState.SKIPPED) and s.kind not in LOCAL_STEPS for s in steps)

@@ -15,7 +15,7 @@ from typing import Protocol
 from healer.cluster import NodeInfo
 from healer.keys import QUARANTINED_BY, QUARANTINED_LABEL
 from healer.policy_file import Safety
-from healer.records import ActionStep, Plan, StepKind, StepState
+from healer.records import ActionStep, Plan, StepKind, has_acted
 
 GPU_NODE_LABELS = ("nvidia.com/gpu.count", "nvidia.com/gpu.present", "nvidia.com/gpu.product")
 """Labels that mark a GPU node (set by GPU feature discovery)."""
@@ -158,7 +158,7 @@ class Guard:
         """Whether `step` of `plan` may run now."""
         now = self.clock()
         s = self.safety
-        started = any(x.state is not StepState.PENDING for x in plan.steps)
+        started = has_acted(plan.steps)  # the evidence step alone is not acting on the cluster
         if not started and step.node and not plan.policy.startswith(UNLIMITED_PREFIXES):
             n = self.ledger.plans_started_since(now - 3600, exclude_plan=plan.id)
             if n >= s.max_plans_per_hour:

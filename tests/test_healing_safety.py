@@ -221,3 +221,21 @@ def test_a_hang_plan_keeps_the_ranks_flight_recorder_dumps_before_it_restarts(sh
     dumps = evidence.outputs["stack_dumps"].split(",")
     assert len(dumps) == 16 and "llm-n000/flight-recorder/llm/0" in dumps
     assert "Watchdog caught collective operation timeout" in evidence.outputs["lines"]
+
+
+def test_the_hourly_plan_limit_holds_a_plan_until_the_hour_is_over(shipped_rules: list[Rule], tmp_path: Path) -> None:
+    data = yaml.safe_load(default_policy_path().read_text())
+    data["safety"].update({"max_plans_per_hour": 1, "breaker_max_fraction": 0.5, "max_out_fraction": 0.5})
+    data["defaults"]["drain_grace_s"] = 0
+    h = Harness(tmp_path, nodes=10, policy=parse_policy(data, "one-an-hour"))
+    first = h.run(h.plan(incident(shipped_rules, [kernel("gpu-node-03", XID79, ts=T0)])))
+    assert h.cluster.get_node("gpu-node-03").unschedulable, first.reason
+    second = h.plan(incident(shipped_rules, [kernel("gpu-node-05", XID79, ts=T0 + 60)]))
+    # Retried every second for 20 s (the healer loop retries a waiting plan): still held, nothing done.
+    second = h.run(second, rounds=20)
+    assert second.state is PlanState.RUNNING and not h.cluster.get_node("gpu-node-05").unschedulable
+    cordon = next(s for s in second.steps if s.kind is StepKind.CORDON)
+    assert cordon.state.value == "pending" and "rate limit: 1 plans acted in the last hour" in cordon.result
+    h.clock.advance(3600)
+    second = h.run(second)
+    assert h.cluster.get_node("gpu-node-05").unschedulable, second.reason

@@ -20,7 +20,7 @@ from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
 from collector.signal import LogLine, Signal, Source
 from collector.wire import to_wire
-from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, PlanState, StepState
+from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, PlanState, StepState, has_acted
 from kmend.serialize import (
     finding_from_dict,
     finding_to_dict,
@@ -361,9 +361,9 @@ class Store:
     # -- plans: the healer's journal ----------------------------------------------------
 
     def save_plan(self, plan: Plan) -> None:
-        """Insert or update a plan and all its steps in one transaction (Journal); started once a step has run."""
+        """Insert or update a plan and all its steps in one transaction (Journal); started once it acted."""
         now = self.clock()
-        started = now if any(s.state not in (StepState.PENDING, StepState.SKIPPED) for s in plan.steps) else None
+        started = now if has_acted(plan.steps) else None
         with self.engine.begin() as conn:
             row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
                    "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
