@@ -55,7 +55,8 @@ def is_of_job(proc: TrainingProcess, job: str) -> bool:
     if job in proc.names or proc.job == job:
         return True
     ns, sep, name = job.partition("/")
-    return bool(sep) and proc.pod is not None and proc.pod.split("/", 1)[0] == ns and name in proc.names
+    # A process whose pod is not known here (off-cluster, no pod directory) is matched by the job's name.
+    return bool(sep) and name in proc.names and (proc.pod is None or proc.pod.split("/", 1)[0] == ns)
 
 class StackDumper(Protocol):
     """Captures one process's Python stack.

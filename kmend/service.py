@@ -270,7 +270,8 @@ class Kmend:
                 self.detectors.end_job(job, now)
                 continue
             for node in nodes:
-                rid = f"stack-dump:{job}:{since:.3f}:{node}"
+                # The id goes in a URL path (the agent answers POST .../requests/{id}): no "/" from ``namespace/job``.
+                rid = f"stack-dump:{job.replace('/', ':')}:{since:.3f}:{node}"
                 current.add(rid)
                 if rid not in self._evidence_asked:
                     self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))

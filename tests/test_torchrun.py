@@ -162,7 +162,7 @@ def test_a_rank_blocked_before_a_collective_is_a_hang_named_long_before_gloos_ti
     assert rules.count("gloo-collective-timeout") >= 2, rules
     assert {f["where"]["rank"] for f in inc["findings"] if f["rule_id"] == "gloo-collective-timeout"} <= {0, 1, 3}
     assert inc["root_cause"]["rank"] == 2
-    assert len([i for i in _incidents(client) if "tiny-hang" in i["jobs"]]) == 1
+    assert len([i for i in _incidents(client) if "training/tiny-hang" in i["jobs"]]) == 1  # namespace/job
     # The Flight Recorder dumps the failed ranks wrote agree: rank 2 never joined.
     for dump in sorted((tmp_path / "fr").glob("rank*")):
         r = int(dump.name[4:])

@@ -83,10 +83,16 @@ class DetectorSuite:
 
     def add_stack(self, job: str, sample: StackSample, ts: float) -> None:
         """Keep one rank's Python stack dump (captured by the node agent on a suspected hang)."""
+        job = self._key(job)
         state = self.book.jobs.get(job)
         ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
         self.stacks.add(job, sample, ts, ranks=ranks)
         self.watermark = max(self.watermark, ts)
+
+    def _key(self, job: str) -> str:
+        """The book's key for a job an agent or operator named as ``namespace/job`` or by its bare name."""
+        ns, sep, name = job.partition("/")
+        return self.book.key_for(ns, name) if sep else self.book.key_for(None, job)
 
     def end_job(self, job: str, ts: float) -> None:
         """The job's pods are done (the API says so): its silence from now on is no hang."""
@@ -105,7 +111,7 @@ class DetectorSuite:
 
     def add_checked_dump(self, job: str, rank: int, node: str, dump: Dump, ts: float, source: str = "") -> None:
         """Keep one rank's dump already read by ``load_dump`` (callers parse it outside their locks)."""
-        self.flight_recorder.add(job, RankDump(rank=rank, node=node, doc=dump, source=source), ts)
+        self.flight_recorder.add(self._key(job), RankDump(rank=rank, node=node, doc=dump, source=source), ts)
         self.watermark = max(self.watermark, ts)
 
     def take_settled_dumps(self, now: float) -> list[SettledJob]:
