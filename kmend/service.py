@@ -184,6 +184,19 @@ class Kmend:
         self._count(outcome)
         return outcome
 
+    def replayed(self, origin: tuple[str, int], sent: int) -> IngestOutcome | None:
+        """The answer to a numbered batch at or below its producer's last number (one lookup, no lock, nothing
+        decoded or analysed), or None when the batch is new and must be ingested.
+
+        Marks only rise, so a mark read here that is already stale can only send a replay down the full
+        path, where the transaction looks again.
+        """
+        last = self.store.producer_seq(origin[0])
+        if last is None or origin[1] > last:
+            return None
+        self.metrics.duplicates.inc(sent)
+        return IngestOutcome(0, sent, (), ())
+
     def _count(self, outcome: IngestOutcome) -> None:
         for f in outcome.findings:
             self.metrics.findings.labels(f.fault_class.value).inc()

@@ -132,3 +132,34 @@ def test_a_batch_whose_answer_was_lost_is_spooled_whole_with_its_number(tmp_path
         t.join(10)
     [doc] = [json.loads(gzip.decompress(spool.read(b))) for b in [spool.peek()] if b is not None]
     assert (doc["seq"], len(doc["signals"])) == (1, 4)  # the same number: its replay is recognised
+
+
+def test_a_replay_is_answered_from_its_number_without_decoding_its_signals(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import kmend.api.signals as ingest_api
+
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    body = encode_batch([*_lines(2000), kernel("gpu-node-01", XID79, ts=T0 + 3000)], producer="gpu-node-01/p9", seq=3)
+    with _service(tmp_path) as svc, httpx.Client(base_url=svc.url, headers=headers, timeout=60) as c:
+        first = c.post("/v1/signals", content=body).json()
+        assert (first["accepted"], first["findings"]) == (2001, 1)
+        decoded: list[int] = []
+        real = ingest_api.decode_fast
+        monkeypatch.setattr(ingest_api, "decode_fast", lambda b: decoded.append(1) or real(b))
+        analysed: list[int] = []
+        process = svc.kmend.analyzer.process
+        monkeypatch.setattr(svc.kmend.analyzer, "process", lambda s: analysed.append(1) or process(s))
+        for seq in (3, 2):  # the same batch again, and an older one
+            again = c.post("/v1/signals", content=encode_batch(_lines(2000), producer="gpu-node-01/p9", seq=seq)
+                           if seq == 2 else body).json()
+            assert again == {"accepted": 0, "duplicates": 2000 + (seq == 3), "findings": 0, "incidents": []}
+        # Neither was decoded into signals nor analysed: the number alone answered it.
+        assert decoded == [] and analysed == []
+        assert svc.kmend.metrics.registry.get_sample_value("kmend_ingest_duplicate_signals_total") == 4001
+        # The next number is taken in full, and a replay whose body is not a numbered batch still gets its 422.
+        assert c.post("/v1/signals", content=encode_batch(_lines(5), producer="gpu-node-01/p9", seq=4)
+                      ).json()["accepted"] == 5
+        assert decoded == [1] and analysed == [1]
+        r = c.post("/v1/signals", json={"signals": [{"id": "x"}], "producer": "gpu-node-01/p9", "seq": "x"},
+                   headers={"Content-Encoding": "identity"})
+        assert r.status_code == 422 and "seq" in r.text

@@ -184,6 +184,13 @@ class Store:
                 self._upsert_series(conn, series())
         return IngestOutcome(len(fresh), sent - len(fresh), tuple(found), tuple(changed), tuple(fresh))
 
+    def producer_seq(self, producer: str) -> int | None:
+        """The last batch number taken from a producer (None: none yet)."""
+        prod = schema.producers
+        with self.engine.connect() as conn:
+            last = conn.execute(select(prod.c.seq).where(prod.c.id == producer)).scalar()
+        return None if last is None else int(last)
+
     def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
                ) -> IngestOutcome:
         """Run a detector evaluation and store its findings and incidents in one transaction.
