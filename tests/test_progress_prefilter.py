@@ -66,7 +66,7 @@ class _CountingRule(ProgressRule):
 
 
 def test_a_line_is_offered_only_the_rules_whose_literal_it_holds(rules: list[ProgressRule]) -> None:
-    counted = [_CountingRule(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r)}) for r in rules]
+    counted = [_CountingRule(**{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.init}) for r in rules]
     sigs = [container("n1", f"[rank{i % 8}]:  iteration {i:8d}/  500000 | consumed samples: {i * 1024:12d} | "
                       f"elapsed time per iteration (ms): 850.{i % 10} | learning rate: 3.000E-04 | global batch "
                       f"size:  1024 | lm loss: 2.1E+00 | loss scale: 1.0 | grad norm: 0.31 |", job="j", rank=i % 8,
@@ -80,3 +80,22 @@ def test_a_line_is_offered_only_the_rules_whose_literal_it_holds(rules: list[Pro
     # step lines now try the two or three rules whose literal they hold, the loader lines none.
     assert len(rules) >= 15
     assert _tried[0] <= 3 * 1000, _tried[0]
+
+
+def test_ascii_lines_read_through_bytes_give_what_the_text_search_gives(rules: list[ProgressRule]) -> None:
+    lines = _shipped_lines()
+    lines += [t + " \u2014 \u00e9t\u00e9" for t in lines[:30]]  # not ASCII: the text path
+    compared = 0
+    for rule in rules:
+        assert rule.ascii_search is not None
+        for text in lines:
+            if rule.contains not in text:
+                continue
+            m = rule.regex.search(text)
+            want = None if m is None else m.groupdict()
+            got = rule.ascii_search.groups(text.encode()) if text.isascii() else want
+            assert got == want, (rule.id, text)
+            compared += text.isascii()
+            ext = rule.extract(text)
+            assert (ext is None) == (m is None), (rule.id, text)
+    assert compared > 100

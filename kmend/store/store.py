@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
+import msgspec
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or_, select, text
@@ -58,6 +59,15 @@ def _kept(s: Signal) -> bool:
     return type(s.payload) is LogLine or s.source is Source.ALERT
 
 
+_ENCODE = msgspec.json.Encoder()
+
+
+def _json_text(value: Any) -> str:
+    """JSON columns encoded in C (msgspec): every stored log line is one, and the stdlib's encoder was a tenth of
+    ingest's time."""
+    return _ENCODE.encode(value).decode()
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -75,7 +85,8 @@ class Store:
         self.clock = clock
         self.lines = lines
         """Lines of numbered batches kept as rows: ``all``, or ``evidence`` (only those a finding names)."""
-        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True, **self._engine_args(url))
+        self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True, json_serializer=_json_text,
+                                            **self._engine_args(url))
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self._seq_lock = threading.Lock()
