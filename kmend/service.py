@@ -154,7 +154,9 @@ class Kmend:
                 if st and st != inc.state.value:
                     corr.set_state(inc.id, IncidentState(st), now, "restored")
             # The detectors keep their state: a rolled-back batch comes again and is folded idempotently.
-            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals)
+            # The compiled matcher holds no state of its own: kept, so a rebuild compiles no rule database again.
+            self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals,
+                                     matcher=self.analyzer.matcher)
             self._refresh_open_gauge()
 
     # -- ingest --------------------------------------------------------------------
