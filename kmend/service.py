@@ -8,6 +8,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from analyzer.correlate import Correlator
@@ -39,6 +40,8 @@ from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
 from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
+
+_SOURCE = attrgetter("source")
 
 log = logging.getLogger("kmend.service")
 
@@ -179,8 +182,9 @@ class Kmend:
                 # Not transient, or still failing: the correlator may hold findings never stored: rebuild it.
                 self.rebuild()
                 raise
-        for src, n in Tally(s.source.value for s in outcome.fresh).items():
-            self.metrics.signals.labels(src).inc(n)
+        # Counted by source in C (one enum lookup per source, not per signal).
+        for src, n in Tally(map(_SOURCE, outcome.fresh)).items():
+            self.metrics.signals.labels(src.value).inc(n)
         if outcome.duplicates:
             self.metrics.duplicates.inc(outcome.duplicates)
         self._count(outcome)

@@ -437,6 +437,13 @@ class Store:
         """Delete rows past their retention (small transactions); returns rows deleted per table."""
         return prune(self.engine, keep, self.clock())
 
+    def plan_ids_in(self, state: str) -> list[str]:
+        """Ids of the plans in one state, oldest first (the order ``list_plans`` gives)."""
+        q = (select(schema.plans.c.id).where(schema.plans.c.state == state)
+             .order_by(schema.plans.c.created_at, schema.plans.c.id))
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(q)]
+
     def plan_ids(self) -> set[str]:
         """Ids of all stored plans."""
         with self.engine.connect() as conn:
