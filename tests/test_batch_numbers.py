@@ -21,6 +21,7 @@ from analyzer.rules import Rule
 from collector.metrics import AgentMetrics
 from collector.shipper import Shipper, encode_batch
 from collector.spool import DiskSpool
+from collector.wire import to_wire
 from kmend.store import Store, schema
 from tests.agent_helpers import TOKEN, Service
 from tests.builders import XID79, container, kernel
@@ -55,8 +56,11 @@ def test_a_replayed_numbered_batch_is_recognised_by_its_number(database_url: str
     with store.engine.connect() as conn:
         marks = dict(conn.execute(select(schema.producers.c.id, schema.producers.c.seq)).all())
     assert marks == {"gpu-node-01/a1": 2, "gpu-node-01/b2": 1}
-    # Every line a row, or only the Xid line its finding names.
+    # Every line a row, or only the Xid line its finding names; the row holds the line as the agent sent it.
     assert store.count_signals() == (13 if lines == "all" else 1)
+    with store.engine.connect() as conn:
+        [body] = conn.execute(select(schema.signals.c.body).where(schema.signals.c.id == batch[-1].id)).scalars()
+    assert body == to_wire(batch[-1])
     # An unnumbered batch (an older agent) is still deduplicated by signal id.
     old = _lines(22, 20)
     assert store.ingest(old, analyse).accepted == 2
