@@ -230,8 +230,25 @@ def score(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "no_incident": sum(o.fault_class is None for o in faults),
         "benign_alarms": sum(o.benign_alarm for o in benign),
         "app_quarantines": sum(o.app_quarantine for o in outcomes),
+        "by_class": by_class(faults),
         "misses": [_miss(o) for o in outcomes if not o.ok],
     }
+
+
+def by_class(faults: Sequence[Outcome]) -> dict[str, dict[str, int]]:
+    """Per expected fault class: how many excerpts, how many got that class, how many got no incident.
+
+    Counts only, so a held-out family can be told weak without reading its excerpts.
+    """
+    out: dict[str, dict[str, int]] = {}
+    for o in faults:
+        if o.entry.fault_class is None:
+            continue
+        row = out.setdefault(o.entry.fault_class.value, {"faults": 0, "class_ok": 0, "no_incident": 0})
+        row["faults"] += 1
+        row["class_ok"] += o.class_ok
+        row["no_incident"] += o.fault_class is None
+    return dict(sorted(out.items()))
 
 
 def _miss(o: Outcome) -> dict[str, Any]:

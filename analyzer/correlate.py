@@ -23,6 +23,7 @@ from analyzer.records import (
     IncidentState,
     Location,
     TimelineEntry,
+    job_location,
 )
 
 DEFAULT_WINDOW_S = 1200.0
@@ -88,6 +89,7 @@ class Correlator:
         self._by_finding: dict[str, str] = {}
         self._job_nodes: dict[str, dict[str, float]] = defaultdict(dict)
         self._node_jobs: dict[str, dict[str, float]] = defaultdict(dict)
+        self._namespaced: dict[str, set[str]] = {}  # job name -> its ``namespace/job`` keys seen
         self._merges: list[tuple[str, str]] = []
 
     # -- placement (job <-> node), learned from signals and findings --------
@@ -102,6 +104,9 @@ class Correlator:
             jobs[job] = seen
             if before is None:
                 self._index.placed(job, node)
+                _, sep, name = job.partition("/")
+                if sep:
+                    self._namespaced.setdefault(name, set()).add(job)
 
     def jobs_on(self, node: str, at: float | None = None) -> frozenset[str]:
         """Jobs seen on a node (at `at`: those seen within the placement TTL before it)."""
@@ -123,8 +128,9 @@ class Correlator:
         known = self._by_finding.get(finding.id)
         if known is not None:
             return self._live(known)
-        if finding.where.job and finding.where.node:
-            self.observe_placement(finding.where.job, finding.where.node, finding.ts)
+        finding = self._with_namespace(finding)
+        if finding.where.job_key and finding.where.node:
+            self.observe_placement(finding.where.job_key, finding.where.node, finding.ts)
         finding = self._with_inferred_job(finding)
         if finding.is_symptom_class:
             draft = self._cause_for(finding) or self._same_symptom(finding)
@@ -171,8 +177,8 @@ class Correlator:
                    state=incident.state, timeline=list(incident.timeline))
         for f in d.findings:
             self._by_finding[f.id] = d.id
-            if f.where.job and f.where.node:
-                self.observe_placement(f.where.job, f.where.node, f.ts)
+            if f.where.job_key and f.where.node:
+                self.observe_placement(f.where.job_key, f.where.node, f.ts)
         self._insert(d)
         self._latest_ts = max(self._latest_ts, d.last_ts)
 
@@ -274,12 +280,25 @@ class Correlator:
         else:
             self._index.add_cause(d, self._cause_key(d.root), jobs_seen(self._node_jobs, d.root.where.node))
 
+    def _with_namespace(self, f: Finding) -> Finding:
+        # A reporter that knows no namespace (an older agent, a hook outside any pod) names the job of
+        # that name when exactly one namespace has it.
+        # A bare name that was itself seen (its own reporters never name a namespace) stays as it is.
+        w = f.where
+        if w.job is None or w.namespace or w.job in self._job_nodes:
+            return f
+        keys = self._namespaced.get(w.job)
+        if keys is None or len(keys) != 1:
+            return f
+        return replace(f, where=replace(w, namespace=next(iter(keys)).partition("/")[0]))
+
     def _with_inferred_job(self, f: Finding) -> Finding:
         # Kernel lines name no job; if exactly one job runs on the node, it is that job's.
         if f.where.job is None and f.where.node:
             jobs = self.jobs_on(f.where.node, at=f.ts)
             if len(jobs) == 1:
-                return replace(f, where=replace(f.where, job=next(iter(jobs))))
+                known = job_location(next(iter(jobs)))
+                return replace(f, where=replace(f.where, job=known.job, namespace=known.namespace))
         return f
 
     def _open_drafts(self) -> Iterable[_Draft]:
@@ -295,26 +314,26 @@ class Correlator:
         """Whether a cause on some node can explain a symptom seen by some rank."""
         if cause.where.node and cause.where.node == symptom.where.node:
             return True
-        job = symptom.where.job
+        job = symptom.where.job_key
         if job is not None:
-            if cause.where.job == job:
+            if cause.where.job_key == job:
                 return True
             seen = self._job_nodes.get(job, {}).get(cause.where.node or "")
             if seen is not None and self._fresh(seen, max(cause.ts, symptom.ts)):
                 return True
-        return self.bundle and (job is None or cause.where.job is None)
+        return self.bundle and (job is None or cause.where.job_key is None)
 
     def _explains_some(self, cause: Finding, d: _Draft) -> bool:
         """``any(self._related(cause, s) for s in d.findings)`` from the draft's member summary, in O(jobs)."""
         w = cause.where
-        if (w.node and w.node in d.member_nodes) or (w.job is not None and w.job in d.member_jobs):
+        if (w.node and w.node in d.member_nodes) or (w.job_key is not None and w.job_key in d.member_jobs):
             return True
         for job, earliest in d.member_jobs.items():
             seen = self._job_nodes.get(job, {}).get(w.node or "")
             # Freshness is judged at max(cause time, member time): the earliest member is the best chance.
             if seen is not None and self._fresh(seen, max(cause.ts, earliest)):
                 return True
-        return self.bundle and (d.member_nojob or w.job is None)
+        return self.bundle and (d.member_nojob or w.job_key is None)
 
     def _cause_for(self, symptom: Finding) -> _Draft | None:
         best: _Draft | None = None
@@ -343,11 +362,11 @@ class Correlator:
             if not d.symptom_only or not self._near(d, f.ts) or (best is not None and best.order < d.order):
                 continue
             same_kind = d.root.fault_class == f.fault_class or (
-                is_job_failure(f) and is_job_failure(d.root) and f.where.job is not None)
+                is_job_failure(f) and is_job_failure(d.root) and f.where.job_key is not None)
             if not same_kind:
                 continue
-            if (f.where.job is not None and f.where.job == d.root.where.job) or (
-                    f.where.job is None and d.root.where.job is None and f.where.node == d.root.where.node):
+            if (f.where.job_key is not None and f.where.job_key == d.root.where.job_key) or (
+                    f.where.job_key is None and d.root.where.job_key is None and f.where.node == d.root.where.node):
                 best = d
         return best
 
@@ -355,7 +374,7 @@ class Correlator:
         if f.hardware:
             return (f.fault_class, f.where.node, f.where.pci or f.where.gpu, f.where.port)
         # Application faults group by job (fleet-wide Xid 13 from one job is one incident).
-        return (f.fault_class, f.where.job or f.where.node)
+        return (f.fault_class, f.where.job_key or f.where.node)
 
     def _same_cause(self, f: Finding) -> _Draft | None:
         key = self._cause_key(f)
@@ -430,18 +449,19 @@ class Correlator:
         if d.view is not None:
             return d.view
         root = d.root
-        jobs = {f.where.job for f in d.findings if f.where.job}
+        jobs = {k for f in d.findings if (k := f.where.job_key)}
         causes = [f for f in d.findings if not f.is_symptom_class] or [root]
         action = max((f.recommended_action for f in causes), key=lambda a: ACTION_RANK[a])
         severity = max((f.severity for f in d.findings), key=lambda s: SEVERITY_RANK[s])
         rc: Location = root.where
         if rc.job is None and len(jobs) == 1:
-            rc = replace(rc, job=next(iter(jobs)))
+            known = job_location(next(iter(jobs)))
+            rc = replace(rc, job=known.job, namespace=known.namespace)
         if d.symptom_only:
             rc = self._symptom_root(d)
         elif not root.hardware and len({f.where.node for f in causes}) > 1:
             # The same application fault on many nodes is the job's, not any one node's.
-            rc = Location(job=rc.job)
+            rc = Location(job=rc.job, namespace=rc.namespace)
         d.view = Incident(
             id=d.id, fault_class=root.fault_class, severity=severity, hardware=root.hardware,
             recommended_action=action, root_cause=rc, opened_at=d.first_ts, updated_at=d.last_ts,
@@ -459,7 +479,7 @@ class Correlator:
         nodes = {f.where.node for f in d.findings}
         root = d.root.where
         return Location(
-            node=root.node if len(nodes) == 1 else None, job=root.job,
+            node=root.node if len(nodes) == 1 else None, job=root.job, namespace=root.namespace,
             rank=root.rank if len(d.findings) == 1 else None,
         )
 

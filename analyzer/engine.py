@@ -259,7 +259,6 @@ class MultiMatcher:
         """Confirmed matches from one hyperscan scan per block; None when a line holds a newline."""
         found: list[tuple[int, int, dict[str, str]]] = []
         hits: list[tuple[int, int]] = []
-        scan, confirm = self._hs.scan, self._confirm
         # Block by block, so the joined text, its bytes and the newline mask stay in the CPU cache
         # between the passes over them. Findings are confirmed on single lines, so no match that
         # could become one spans a block boundary.
@@ -269,40 +268,78 @@ class MultiMatcher:
             text = "\n".join(block)
             ascii_only = text.isascii()  # O(1): CPython keeps the flag on the string
             data = text.encode("ascii") if ascii_only else text.encode("utf-8", "surrogatepass")
-            newline = np.frombuffer(data, dtype=np.uint8) == _NL
-            if int(np.count_nonzero(newline)) != len(block) - 1:
+            if not self._scan_block(data, len(block), first, None if ascii_only else block, hits, found):
                 return None
-            hits.clear()
-            scan(data, match_event_handler=_collect, context=hits)
-            if not hits:
-                continue
-            hits.sort()
-            # Only hit positions are resolved (newlines counted between consecutive hits), so the cost
-            # is the hits, not the lines of the block; a line is confirmed once per rule that hit it.
-            line = pos = 0
-            stop = -1
-            seen: set[int] = set()
-            for end, rule_no in hits:
-                at = end - 1 if end else 0  # a match ending right after a newline belongs to the line before
-                if at > stop:
-                    line += int(np.count_nonzero(newline[pos:at]))
-                    pos = at
-                    start = data.rfind(b"\n", 0, at) + 1
-                    stop = data.find(b"\n", at)
-                    stop = len(data) if stop < 0 else stop
-                    seen = set()
-                if rule_no in seen:
-                    continue
-                seen.add(rule_no)
-                if ascii_only:
-                    groups = confirm[rule_no].ascii(data[start:stop], hit=True)
-                else:
-                    groups = confirm[rule_no].text(block[line])
-                if groups is not None:
-                    found.append((first + line, rule_no, groups))
+        return self._line_matches(found)
+
+    def scan_lines(self, data: bytes, count: int) -> list[LineMatch] | None:
+        """Rules confirmed on a batch of ``count`` lines received as one buffer: the lines joined by newlines.
+
+        The bytes-in path for ingest: the buffer is scanned as it is, with no list of lines and no
+        Python step for a line that matches nothing; only the lines a hit points at are located
+        (from the newline offsets) and decoded. Line numbers index the batch. None when the buffer
+        does not hold exactly ``count`` lines (a line held a newline): the caller scans the list.
+        """
+        if count <= 0:
+            return []
+        if self._hs is None or self._residual:
+            texts = data.decode("utf-8", "replace").split("\n")
+            return self.scan(texts) if len(texts) == count else None
+        found: list[tuple[int, int, dict[str, str]]] = []
+        if not self._scan_block(data, count, 0, None, [], found):
+            return None
+        return self._line_matches(found)
+
+    def _line_matches(self, found: list[tuple[int, int, dict[str, str]]]) -> list[LineMatch]:
         found.sort(key=_FIRST_TWO)
         rules = self.rules
         return [LineMatch(line, rules[rule_no], groups) for line, rule_no, groups in found]
+
+    def _scan_block(self, data: bytes, count: int, first: int, texts: Sequence[str] | None,
+                    hits: list[tuple[int, int]], found: list[tuple[int, int, dict[str, str]]]) -> bool:
+        """Scan one buffer of ``count`` lines; confirmed (line, rule, groups) go to ``found``.
+
+        ``texts``: the block's lines as text, for a block that is not all ASCII; None to confirm each
+        hit line on its bytes when it is ASCII, else on its decoded text. False when the buffer holds
+        another number of lines than ``count``.
+        """
+        newline = np.frombuffer(data, dtype=np.uint8) == _NL
+        if int(np.count_nonzero(newline)) != count - 1:
+            return False
+        hits.clear()
+        self._hs.scan(data, match_event_handler=_collect, context=hits)
+        if not hits:
+            return True
+        hits.sort()
+        confirm = self._confirm
+        # Only hit positions are resolved (newlines counted between consecutive hits), so the cost
+        # is the hits, not the lines of the block; a line is confirmed once per rule that hit it.
+        line = pos = 0
+        stop = -1
+        seen: set[int] = set()
+        line_bytes = b""
+        for end, rule_no in hits:
+            at = end - 1 if end else 0  # a match ending right after a newline belongs to the line before
+            if at > stop:
+                line += int(np.count_nonzero(newline[pos:at]))
+                pos = at
+                start = data.rfind(b"\n", 0, at) + 1
+                stop = data.find(b"\n", at)
+                stop = len(data) if stop < 0 else stop
+                line_bytes = data[start:stop]
+                seen = set()
+            if rule_no in seen:
+                continue
+            seen.add(rule_no)
+            if texts is not None:
+                groups = confirm[rule_no].text(texts[line])
+            elif line_bytes.isascii():
+                groups = confirm[rule_no].ascii(line_bytes, hit=True)
+            else:
+                groups = confirm[rule_no].text(line_bytes.decode("utf-8", "replace"))
+            if groups is not None:
+                found.append((first + line, rule_no, groups))
+        return True
 
     def scan_buffer(self, data: bytes) -> list[BufferMatch]:
         """Rules confirmed on the lines of a newline-separated byte buffer (a log file as read).

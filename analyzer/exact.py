@@ -46,8 +46,28 @@ def hyperscan_exact(pattern: str) -> bool:
     return not _can_match_newline(tree)
 
 
-def _can_match_newline(items: Any) -> bool:
-    """Whether any part of a parsed pattern can match a newline (or is not understood)."""
+def can_span_lines(pattern: str) -> bool:
+    """Whether a match of ``pattern`` could run over a newline (or the pattern is not understood here).
+
+    A rule's pattern describes one line: in a buffer of joined lines, a match that ran from one line
+    into the next would belong to neither, and in the per-rule fallbacks it would hide the next line's
+    own match. Shipped rules are held to False by a test.
+    """
+    if _FOREIGN.search(pattern):
+        return True
+    try:
+        tree = sre_parse.parse(pattern)
+    except (re.error, RecursionError):
+        return True
+    return bool(tree.state.flags & (re.DOTALL | re.VERBOSE)) or _can_match_newline(tree, spans=True)
+
+
+def _can_match_newline(items: Any, spans: bool = False) -> bool:
+    """Whether any part of a parsed pattern can match a newline (or is not understood).
+
+    ``spans``: the question is only whether a match can run over a newline (zero-width anchors are
+    fine, and a negated set that names the newline never holds it, whatever else it leaves out).
+    """
     for op, arg in items:
         if op is sre.LITERAL:
             if arg == _NL:
@@ -58,28 +78,30 @@ def _can_match_newline(items: Any) -> bool:
         elif op is sre.ANY:
             continue  # without DOTALL, "." stops at a newline in RE2 and in hyperscan alike
         elif op is sre.IN:
-            if _set_has_newline(arg):
+            if _set_has_newline(arg, spans):
                 return True
         elif op is sre.AT:
-            if arg not in _SAFE_AT:
+            if arg not in _SAFE_AT and not spans:
                 return True
         elif op is sre.BRANCH:
-            if any(_can_match_newline(alt) for alt in arg[1]):
+            if any(_can_match_newline(alt, spans) for alt in arg[1]):
                 return True
         elif op is sre.SUBPATTERN:
             _group, add_flags, _del_flags, sub = arg
-            if add_flags & (re.DOTALL | re.VERBOSE) or _can_match_newline(sub):
+            if add_flags & (re.DOTALL | re.VERBOSE) or _can_match_newline(sub, spans):
                 return True
         elif op in (sre.MAX_REPEAT, sre.MIN_REPEAT):
-            if _can_match_newline(arg[2]):
+            if _can_match_newline(arg[2], spans):
                 return True
         else:
             return True  # not understood here: let RE2 decide
     return False
 
 
-def _set_has_newline(items: Any) -> bool:
+def _set_has_newline(items: Any, spans: bool = False) -> bool:
     negated = bool(items) and items[0][0] is sre.NEGATE
+    if spans and negated and any(op is sre.LITERAL and arg == _NL for op, arg in items[1:]):
+        return False  # [^...\n]: whatever else it leaves out, never the newline
     holds = False
     for op, arg in items[1:] if negated else items:
         if op is sre.LITERAL:

@@ -39,7 +39,7 @@ def finding_view(f: Finding) -> dict[str, Any]:
         "rule_id": f.rule_id, "fault_class": f.fault_class.value, "hardware": f.hardware,
         "recommended_action": f.recommended_action.value, "severity": f.severity.value,
         "where": {k: v for k, v in (("node", w.node), ("gpu", w.gpu), ("pci", w.pci), ("port", w.port),
-                                    ("rank", w.rank), ("job", w.job)) if v is not None},
+                                    ("rank", w.rank), ("job", w.job), ("namespace", w.namespace)) if v is not None},
         "fields": dict(f.fields), "message": f.message,
     }
 

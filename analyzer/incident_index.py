@@ -63,10 +63,10 @@ class Draft:
         w = f.where
         if w.node:
             self.member_nodes.add(w.node)
-        if w.job is None:
+        if w.job_key is None:
             self.member_nojob = True
-        elif (seen := self.member_jobs.get(w.job)) is None or f.ts < seen:
-            self.member_jobs[w.job] = f.ts
+        elif (seen := self.member_jobs.get(w.job_key)) is None or f.ts < seen:
+            self.member_jobs[w.job_key] = f.ts
 
     @property
     def symptom_only(self) -> bool:
@@ -115,8 +115,8 @@ class OpenIndex:
         node = w.node or ""
         self._put(d, self._cause_on, node)
         self._put(d, self._cause_node, (fc, node))
-        if w.job is not None:
-            self._put(d, self._cause_job, (fc, w.job))
+        if w.job_key is not None:
+            self._put(d, self._cause_job, (fc, w.job_key))
         for job in jobs_on_node:
             self._put(d, self._cause_job, (fc, job))
         self._put(d, self._cause_key, cause_key)
@@ -125,7 +125,7 @@ class OpenIndex:
         """Index a symptom-only draft with every member seen so far."""
         self.symptoms[d.id] = d
         w = d.root.where
-        self._put(d, self._symptom_root, ("job", w.job) if w.job is not None else ("node", w.node))
+        self._put(d, self._symptom_root, ("job", w.job_key) if w.job_key is not None else ("node", w.node))
         for node in d.member_nodes:
             self._put(d, self._member_node, node)
         for job in d.member_jobs:
@@ -136,8 +136,8 @@ class OpenIndex:
         if d.id in self.symptoms:
             if f.where.node:
                 self._put(d, self._member_node, f.where.node)
-            if f.where.job is not None:
-                self._put(d, self._member_job, f.where.job)
+            if f.where.job_key is not None:
+                self._put(d, self._member_job, f.where.job_key)
 
     def remove(self, d: Draft) -> None:
         """Take a draft out of every bucket."""
@@ -166,7 +166,7 @@ class OpenIndex:
         for fc in classes:
             if w.node and (b := self._cause_node.get((fc, w.node))):
                 buckets.append(b.values())
-            if w.job is not None and (b := self._cause_job.get((fc, w.job))):
+            if w.job_key is not None and (b := self._cause_job.get((fc, w.job_key))):
                 buckets.append(b.values())
         return chain.from_iterable(buckets)
 
@@ -177,7 +177,7 @@ class OpenIndex:
     def same_symptom(self, f: Finding) -> Iterable[Draft]:
         """Symptom drafts rooted in the finding's job (or, when it names none, on its node)."""
         w = f.where
-        return self._symptom_root.get(("job", w.job) if w.job is not None else ("node", w.node), {}).values()
+        return self._symptom_root.get(("job", w.job_key) if w.job_key is not None else ("node", w.node), {}).values()
 
     def adoptable(self, cause: Finding, jobs_on_node: Iterable[str]) -> Iterable[Draft]:
         """Symptom drafts with a member on the cause's node, of its job, or of a job seen on its node."""
@@ -185,8 +185,8 @@ class OpenIndex:
         w = cause.where
         if w.node:
             out.update(self._member_node.get(w.node, {}))
-        if w.job is not None:
-            out.update(self._member_job.get(w.job, {}))
+        if w.job_key is not None:
+            out.update(self._member_job.get(w.job_key, {}))
         for job in jobs_on_node:
             out.update(self._member_job.get(job, {}))
         return out.values()

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from analyzer.engine import Backend, MultiMatcher
+from analyzer.engine import Backend, LineMatch, MultiMatcher
 from analyzer.records import Finding, Location
 from analyzer.rules import Rule
 from collector.signal import LogLine, Signal
@@ -16,8 +16,7 @@ from collector.signal import LogLine, Signal
 if TYPE_CHECKING:  # the evaluator imports normalize_pci from here
     from analyzer.metric_eval import SignalEvaluator
 
-_PAYLOAD = operator.attrgetter("payload")
-_TEXT = operator.attrgetter("text")
+_PAYLOAD_TEXT = operator.attrgetter("payload.text")
 
 # torchrun prefixes every line of a rank with "[rank7]:"; the rank is known even when the rule does not ask.
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
@@ -72,7 +71,7 @@ def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: Mappin
         hardware=rule.hardware is True,
         where=Location(
             node=signal.node, gpu=fields.get("gpu"), pci=pci, port=fields.get("port"),
-            rank=rank if rank is not None else line.rank, job=line.job,
+            rank=rank if rank is not None else line.rank, job=line.job, namespace=line.namespace,
         ),
         rule_id=rule.id,
         recommended_action=action,
@@ -124,19 +123,36 @@ class FastMatcher:
     def match(self, signals: Iterable[Signal]) -> list[Finding]:
         """All findings for the log-line signals of a batch, in signal order."""
         logs: Sequence[Signal] = signals if isinstance(signals, list | tuple) else list(signals)
-        payloads = list(map(_PAYLOAD, logs))
         others: Sequence[Signal] = ()
-        # A batch is nearly always all log lines: check the types once (in C) instead of per signal.
-        if set(map(type, payloads)) != {LogLine}:
+        try:
+            # A batch is nearly always all log lines: their texts in one pass in C. Only a log line has
+            # a text, so any other payload raises here and the batch is split by type instead.
+            texts: list[str] = list(map(_PAYLOAD_TEXT, logs))
+        except AttributeError:
             others = logs
-            logs = [s for s, p in zip(logs, payloads, strict=True) if isinstance(p, LogLine)]
-            payloads = list(map(_PAYLOAD, logs))
-        out: list[Finding] = []
-        for hit in self.engine.scan(list(map(_TEXT, payloads))):
-            sig = logs[hit.line]
-            line = payloads[hit.line]
-            if isinstance(line, LogLine) and hit.rule.applies_to(sig.source):
-                out.append(finding_from_match(hit.rule, sig, line, hit.groups))
+            logs = [s for s in logs if isinstance(s.payload, LogLine)]
+            texts = list(map(_PAYLOAD_TEXT, logs))
+        out = self._findings(logs, self.engine.scan(texts))
         if others and self.signals is not None:
             out.extend(self.signals.match(others))
+        return out
+
+    def match_lines(self, logs: Sequence[Signal], lines: bytes) -> list[Finding]:
+        """Findings for a batch of log-line signals (nothing else) whose texts arrived as one buffer.
+
+        ``lines``: the texts of ``logs``, in order, joined by newlines (UTF-8), as received. The engine
+        scans those bytes as they are, so a line that matches nothing costs no Python step and no
+        copy. A buffer that does not hold one line per signal is set aside and the texts are scanned.
+        """
+        hits = self.engine.scan_lines(lines, len(logs))
+        return self.match(logs) if hits is None else self._findings(logs, hits)
+
+    @staticmethod
+    def _findings(logs: Sequence[Signal], hits: Iterable[LineMatch]) -> list[Finding]:
+        out: list[Finding] = []
+        for hit in hits:
+            sig = logs[hit.line]
+            line = sig.payload
+            if isinstance(line, LogLine) and hit.rule.applies_to(sig.source):
+                out.append(finding_from_match(hit.rule, sig, line, hit.groups))
         return out

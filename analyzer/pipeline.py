@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from analyzer.correlate import Correlator
 from analyzer.detectors.suite import DetectorSuite
+from analyzer.digest import BatchDigest, detector_metrics
 from analyzer.engine import Backend
 from analyzer.escalate import Escalator
 from analyzer.matcher import FastMatcher
@@ -16,13 +17,13 @@ from analyzer.rules import Rule
 from collector.signal import LogLine, ProgressSample, Signal
 
 _PAYLOAD = operator.attrgetter("payload")
-_JOB = operator.attrgetter("job")
+_JOB = operator.attrgetter("namespace", "job")
 _NODE = operator.attrgetter("node")
 _TS = operator.attrgetter("ts")
 
 
 def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
-    """(job, node) pairs a batch shows, each once.
+    """(job key, node) pairs a batch shows, each once (the key is ``namespace/job`` when the namespace is known).
 
     A batch is thousands of log lines from a few pods: collecting the distinct pairs in C and
     recording each once costs far less than a Python step per signal.
@@ -31,9 +32,9 @@ def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
     if set(map(type, payloads)) <= {LogLine, ProgressSample}:
         pairs = set(zip(map(_JOB, payloads), map(_NODE, signals), strict=True))
     else:
-        pairs = {(p.job, s.node) for s, p in zip(signals, payloads, strict=True)
+        pairs = {((p.namespace, p.job), s.node) for s, p in zip(signals, payloads, strict=True)
                  if isinstance(p, LogLine | ProgressSample)}
-    return {(job, node) for job, node in pairs if job}
+    return {(f"{ns}/{job}" if ns else job, node) for (ns, job), node in pairs if job}
 
 
 def strongest_per_signal(found: Sequence[Finding]) -> list[Finding]:
@@ -72,8 +73,12 @@ class Analyzer:
         self.correlator = correlator or Correlator()
         self.detectors = detectors
 
-    def findings(self, signals: Sequence[Signal]) -> list[Finding]:
-        """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors)."""
+    def findings(self, signals: Sequence[Signal], *, lines: bytes | None = None) -> list[Finding]:
+        """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors).
+
+        ``lines``: for a batch of log lines only, their texts as received, joined by newlines (see
+        :meth:`FastMatcher.match_lines`).
+        """
         if signals:
             # One time per batch (its newest record): a batch spans seconds, placements expire in minutes.
             ts = max(map(_TS, signals))
@@ -81,16 +86,17 @@ class Analyzer:
                 self.correlator.observe_placement(job, node, ts)
         if self.detectors is not None:
             self.detectors.observe(signals)
-        found = self.matcher.match(signals)
+        found = self.matcher.match(signals) if lines is None else self.matcher.match_lines(signals, lines)
         if self.one_finding_per_signal and len(found) > 1:
             found = strongest_per_signal(found)
         if self.detectors is not None and found:
             self.detectors.observe_findings(found)
         return found + self.escalator.observe_all(found)
 
-    def process(self, signals: Sequence[Signal]) -> tuple[list[Finding], list[Incident]]:
-        """Findings of a batch and the incidents they created or changed."""
-        found = self.findings(signals)
+    def process(self, signals: Sequence[Signal], *, lines: bytes | None = None,
+                ) -> tuple[list[Finding], list[Incident]]:
+        """Findings of a batch and the incidents they created or changed (``lines``: see :meth:`findings`)."""
+        found = self.findings(signals, lines=lines)
         below = self._below_rate
         folded = [f for f in found if f.rule_id not in below or f.severity is not Severity.INFO] if below else found
         return found, self.correlator.add_all(folded)
@@ -102,3 +108,34 @@ class Analyzer:
         """
         found = self.detectors.evaluate(now, judged) if self.detectors is not None else []
         return found, self.correlator.add_all(found)
+
+    def digest(self, signals: Sequence[Signal]) -> BatchDigest:
+        """A replica's half of ``findings``: rules, metric series and progress extraction, no correlation.
+
+        Escalation, placements, the job book and the correlator are the leader's (``fold``).
+        """
+        found = self.matcher.match(signals)
+        if self.one_finding_per_signal and len(found) > 1:
+            found = strongest_per_signal(found)
+        newest = max(map(_TS, signals)) if signals else 0.0
+        progress = self.detectors.extractor.extract(signals) if self.detectors is not None else []
+        return BatchDigest(tuple(found), tuple(sorted(_placements(signals))), newest, tuple(progress),
+                           detector_metrics(list(signals)), newest)
+
+    def fold(self, digest: BatchDigest) -> tuple[list[Finding], list[Incident]]:
+        """The leader's half: a replica's digest into placements, detectors, escalation and incidents."""
+        for job, node in digest.placements:
+            self.correlator.observe_placement(job, node, digest.placed_at)
+        if self.detectors is not None:
+            self.detectors.observe_digest(digest.progress, digest.metrics, digest.newest)
+            for st in digest.stacks:
+                self.detectors.add_stack(st.job, st.sample, st.ts)
+            for d in digest.dumps:
+                self.detectors.add_checked_dump(d.job, d.rank, d.node, d.dump, d.ts, source=d.source)
+            if digest.findings:
+                self.detectors.observe_findings(digest.findings)
+        found = list(digest.findings)
+        found += self.escalator.observe_all(found)
+        below = self._below_rate
+        folded = [f for f in found if f.rule_id not in below or f.severity is not Severity.INFO] if below else found
+        return found, self.correlator.add_all(folded)

@@ -7,15 +7,12 @@ extract, and a bad rule fails at load with its file, rule id and field.
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-import re2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -107,76 +104,28 @@ class ProgressRule:
     """Lower is tried first (trainer-specific packs before the generic one)."""
     references: tuple[str, ...]
     """Where the examples come from."""
-    ascii_search: AsciiSearch | None = field(default=None, init=False, repr=False, compare=False)
-    """The same pattern on ASCII bytes, every group's span from one RE2 call (None where RE2 has no such call)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ascii_search", AsciiSearch.of(self.regex))
 
     def extract(self, text: str) -> Extracted | None:
         """The values in `text`, or None when the rule does not match it."""
         if self.contains not in text:
             return None
-        if self.ascii_search is not None and text.isascii():  # isascii is O(1): CPython keeps the flag
-            found = self.ascii_search.groups(text.encode("ascii"))
-            if found is None:
-                return None
-            g: dict[str, str | None] = found
-        else:
-            m = self.regex.search(text)
-            if m is None:
-                return None
-            g = m.groupdict()
+        m = self.regex.search(text)
+        if m is None:
+            return None
+        return self.values(m.groupdict())
+
+    def values(self, g: Mapping[str, str | None]) -> Extracted:
+        """What the pattern's named groups read (a group that took no part is None)."""
         epoch = g.get("epoch")
         return Extracted(step=_int(g.get("step")), total=_int(g.get("total")), step_time=_step_time(g),
                          rank=_int(g.get("rank")), epoch=int(epoch) if epoch and epoch.isdigit() else None)
-
-
-@dataclass(frozen=True, slots=True)
-class AsciiSearch:
-    """A pattern compiled for bytes, run through the compiled RE2 object's own ``Match``.
-
-    google-re2's ``search`` on text encodes the line, converts every offset back to characters and
-    builds a match object in Python: about 20 µs for a Megatron step line here. An ASCII line means
-    the same as its bytes to RE2, and ``Match`` returns every group's span in one call (a fifth of
-    that). Still RE2, so still linear in the line.
-    """
-
-    spans: Callable[[bytes, int, int], list[tuple[int, int]]]
-    """Spans of the whole match and of every group; (-1, -1) where one did not take part."""
-    names: tuple[tuple[str, int], ...]
-    """Named groups and their indexes."""
-
-    @staticmethod
-    def of(regex: LinearRegex) -> AsciiSearch | None:
-        """The bytes twin of a compiled pattern; None when this RE2 binding exposes no ``Match``."""
-        pattern = getattr(regex, "pattern", None)
-        if not isinstance(pattern, str):
-            return None
-        opts = re2.Options()
-        opts.log_errors = False
-        compiled = re2.compile(pattern.encode("utf-8"), options=opts)
-        match = getattr(getattr(compiled, "_regexp", None), "Match", None)
-        anchor = getattr(getattr(getattr(re2, "_re2", None), "RE2", None), "Anchor", None)
-        if match is None or anchor is None:
-            return None
-        names = tuple(sorted(regex.groupindex.items(), key=operator.itemgetter(1)))
-        return AsciiSearch(functools.partial(match, anchor.UNANCHORED), names)
-
-    def groups(self, line: bytes) -> dict[str, str | None] | None:
-        """Named groups of the first match in an ASCII line (None for a group that did not take part), or None."""
-        spans = self.spans(line, 0, len(line))
-        if spans[0][0] < 0:
-            return None
-        return {name: line[a:b].decode("ascii") if (a := spans[i][0]) >= 0 and (b := spans[i][1]) >= 0 else None
-                for name, i in self.names}
 
 
 def _int(raw: str | None) -> int | None:
     return int(raw.replace(",", "")) if raw else None
 
 
-def _step_time(g: dict[str, str | None]) -> float | None:
+def _step_time(g: Mapping[str, str | None]) -> float | None:
     if g.get("step_time_ms"):
         return float(g["step_time_ms"] or 0) / 1000.0
     if g.get("step_time_s"):

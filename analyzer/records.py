@@ -82,6 +82,24 @@ class Location:
     """Global rank of the process."""
     job: str | None = None
     """Training job name."""
+    namespace: str | None = None
+    """Kubernetes namespace of the job, when the evidence says: ``train`` in two namespaces is two jobs."""
+
+    @property
+    def job_key(self) -> str | None:
+        """The job's identity: ``namespace/job`` when the namespace is known, else the bare name."""
+        return job_key(self.namespace, self.job)
+
+
+def job_key(namespace: str | None, job: str | None) -> str | None:
+    """``namespace/job``, or `job` alone when no namespace is known (names of both never hold a ``/``)."""
+    return f"{namespace}/{job}" if namespace and job else job
+
+
+def job_location(key: str, *, node: str | None = None, rank: int | None = None) -> Location:
+    """Where a job's finding is, from the job's key (``namespace/job`` or a bare name)."""
+    ns, sep, name = key.partition("/")
+    return Location(node=node, rank=rank, job=name, namespace=ns) if sep else Location(node=node, rank=rank, job=key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analyzer.engine import Backend, MultiMatcher, NaiveMatcher, available_backends
-from analyzer.matcher import finding_from_match
+from analyzer.matcher import FastMatcher, finding_from_match
 from analyzer.rules import Rule, default_rules_dir, load_rules
 from collector.signal import LogLine, Signal, Source
 
@@ -136,6 +136,30 @@ def run_buffer(engine: MultiMatcher, data: bytes, chunk: int) -> Run:
     return _since(t0, found)
 
 
+def _signals(lines: Sequence[str], first: int) -> list[Signal]:
+    return [Signal(id=f"bench:{first + k}", node="bench", source=Source.CONTAINER, ts=float(first + k),
+                   payload=LogLine(text=ln)) for k, ln in enumerate(lines)]
+
+
+def run_service(matcher: FastMatcher, lines: Sequence[str], batch: int, *, as_bytes: bool) -> Run:
+    """Time for ingest's call: a batch of decoded log signals -> findings (the analyzer's matcher).
+
+    ``as_bytes``: the batch's lines also arrive as one received buffer (joined by newlines), which the
+    matcher scans as it is. Building the signals and the buffer is the decoder's work and is not timed.
+    """
+    found = 0
+    cpu = wall = 0.0
+    for i in range(0, len(lines), batch):
+        chunk = lines[i:i + batch]
+        signals = _signals(chunk, i)
+        data = "\n".join(chunk).encode() if as_bytes else None
+        t0 = _timer()
+        found += len(matcher.match(signals) if data is None else matcher.match_lines(signals, data))
+        cpu += time.process_time() - t0[0]
+        wall += time.perf_counter() - t0[1]
+    return Run(cpu, wall, found)
+
+
 def run_raw_hyperscan(engine: MultiMatcher, data: bytes) -> Run:
     """Time for hyperscan alone to report every hit in the bytes (no line mapping, no confirmation).
 
@@ -158,6 +182,8 @@ def main() -> int:
     ap.add_argument("--mb", type=float, default=200.0, help="size of the generated mix")
     ap.add_argument("--naive-mb", type=float, default=4.0, help="subset the naive loop runs on")
     ap.add_argument("--batch", type=int, default=65536, help="lines per scan on the line-list path")
+    ap.add_argument("--service-batch", type=int, default=1000,
+                    help="signals per batch on the service path (the agent ships 1,000 lines)")
     ap.add_argument("--chunk-mb", type=float, default=256.0, help="megabytes per scan on the file path")
     ap.add_argument("--backend", choices=[b.value for b in Backend], default=None)
     ap.add_argument("--repeat", type=int, default=5, help="rounds of every engine; the fastest is reported")
@@ -181,12 +207,15 @@ def main() -> int:
     # Rounds interleave the engines, so a burst of load from other processes hits all of them alike.
     # Each is timed in CPU seconds of this process (a shared machine preempts it at random; CPU time
     # leaves that out) and the fastest round counts; its ratio to raw hyperscan is the figure to compare.
-    rounds: dict[str, list[Run]] = {"file": [], "lines": [], "raw": []}
+    matcher = FastMatcher(rules, backend=backend)
+    rounds: dict[str, list[Run]] = {"file": [], "lines": [], "raw": [], "service": [], "service-bytes": []}
     for _ in range(max(args.repeat, 1)):
         if backend is Backend.HYPERSCAN:
             rounds["raw"].append(run_raw_hyperscan(engine, data))
         rounds["file"].append(run_buffer(engine, data, int(args.chunk_mb * 1e6)))
         rounds["lines"].append(run_lines(engine, lines, args.batch))
+        rounds["service"].append(run_service(matcher, lines, args.service_batch, as_bytes=False))
+        rounds["service-bytes"].append(run_service(matcher, lines, args.service_batch, as_bytes=True))
 
     def fastest(name: str) -> Run:
         return min(rounds[name])
@@ -203,6 +232,12 @@ def main() -> int:
          repeat=len(rounds["file"]), statistic="fastest", **vs_raw("file"))
     emit(f"multi-pattern/{backend.value}", len(data), len(lines), fastest("lines"), input="list of str lines",
          repeat=len(rounds["lines"]), statistic="fastest", **vs_raw("lines"))
+    emit("FastMatcher.match (service path)", len(data), len(lines), fastest("service"),
+         input=f"batches of {args.service_batch} log signals", repeat=len(rounds["service"]),
+         statistic="fastest", **vs_raw("service"))
+    emit("FastMatcher.match (service path, received bytes)", len(data), len(lines), fastest("service-bytes"),
+         input=f"batches of {args.service_batch} log signals and their lines as one buffer",
+         repeat=len(rounds["service-bytes"]), statistic="fastest", **vs_raw("service-bytes"))
     if rounds["raw"]:
         emit("raw hyperscan (hits only)", len(data), len(lines), fastest("raw"), input="file bytes",
              repeat=len(rounds["raw"]), statistic="fastest", note="findings = raw hits, before lines and confirmation")

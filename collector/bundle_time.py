@@ -1,4 +1,5 @@
-"""Years for stamps that carry none (syslog ``Dec  2 11:38:47``, glog ``E1202 11:48:48``) in an offline bundle.
+"""Years for stamps that carry none (syslog ``Dec  2 11:38:47``, glog ``E1202 11:48:48``) in an offline bundle,
+and the boot time that puts dmesg's seconds-since-boot stamps on the wall clock.
 
 ``collector.timestamps`` places such stamps in ``REFERENCE_YEAR``; a bundle that also holds dated lines (CRI
 and journald stamps, ISO application logs) or a file's modification time says which year they were written in.
@@ -7,6 +8,8 @@ Pure: the caller passes the anchor (the bundle's latest dated time, else the fil
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from collector.timestamps import REFERENCE_YEAR
@@ -40,3 +43,31 @@ def place_year(ts: float, anchor: float) -> float:
         if moved <= limit:
             return moved
     return ts
+
+
+_UPTIME = re.compile(r"^(?:[^\[\n]*?\bkernel: |\s*(?:<\d{1,3}>)?)\[\s*(\d+\.\d+)\]")
+# /proc/stat's boot time, as a bundle collector (sosreport, must-gather) copies the file.
+_BTIME = re.compile(r"^btime (\d{9,11})$", re.M)
+SAME_EVENT_S = 2.0
+"""How far apart the copies of one kernel message in two files of a bundle may be stamped (syslog stamps
+have whole seconds; a boot time taken from one of them carries that second's error)."""
+
+
+def kernel_uptime(line: str) -> float | None:
+    """The kernel's own seconds-since-boot stamp of a kernel line, as dmesg prints it or syslog keeps it
+    (``Dec  2 11:38:47 worker4 kernel: [  219.470994] ...``), else None."""
+    m = _UPTIME.match(line)
+    return float(m.group(1)) if m else None
+
+
+def boot_time_of_stat(text: str) -> float | None:
+    """Boot time (epoch seconds) from a copy of ``/proc/stat``, else None."""
+    m = _BTIME.search(text)
+    return float(m.group(1)) if m else None
+
+
+def boot_time(pairs: Iterable[tuple[float, float]]) -> float | None:
+    """The boot time that lines carrying both a wall-clock and an uptime stamp give: the latest boot (the
+    one a dmesg of the bundle was taken in), each pair being (wall-clock time, seconds since boot)."""
+    boots = [wall - up for wall, up in pairs]
+    return max(boots) if boots else None

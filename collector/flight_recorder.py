@@ -97,7 +97,7 @@ class DumpFile:
     key: str
     """Path relative to the watched root (the checkpoint key)."""
     job: str | None
-    """Training job, when the name, directory or pod labels tell it."""
+    """Training job, when the name, directory or pod labels tell it (``namespace/job`` in a pod's directory)."""
     rank: int
     """Rank that wrote it (the number PyTorch appends to the prefix)."""
 
@@ -128,6 +128,8 @@ def identify(root: Path, path: Path, prefixes: Sequence[str], pods: PodMetadataP
         job = job_and_rank(labels)[0] if labels else None
     if job is None and parent and pod is None:
         job = parent
+    if job is not None and pod is not None:
+        job = f"{pod['ns']}/{job}"  # the job's identity, as its progress and log lines give it
     return DumpFile(key=key, job=job, rank=rank)
 
 

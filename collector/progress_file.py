@@ -120,7 +120,8 @@ class ProgressFileSource:
             world = rec.get("world_size")
             sample = ProgressSample(job=self._job(rec), rank=int(rec["rank"]), step=int(rec["step"]),
                                     step_time=None if st is None else float(st), phases=phases, event=event,
-                                    world_size=int(world) if isinstance(world, int) and world > 0 else None)
+                                    world_size=int(world) if isinstance(world, int) and world > 0 else None,
+                                    namespace=str(rec["namespace"]) if rec.get("namespace") else None)
             ts = float(rec["ts"])
         except (ValueError, KeyError, TypeError, AttributeError):
             self.skipped += 1

@@ -67,6 +67,8 @@ class ProgressSample:
     """``step`` (`step` finished), ``end`` (the run finished) or ``exit`` (the rank's container is gone)."""
     world_size: int | None = None
     """Ranks in the run (torchrun's ``WORLD_SIZE``), when the reporter knows it: a change is a new run."""
+    namespace: str | None = None
+    """Kubernetes namespace of the job's pods, when known (older agents send none): it is part of the job's identity."""
 
 
 Payload = LogLine | MetricSample | ProgressSample

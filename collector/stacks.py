@@ -49,6 +49,14 @@ __all__ = ["KIND", "ProcessFinder", "PySpyDumper", "StackDumper", "StackRequestR
            "poke_flight_recorder"]
 
 
+
+def is_of_job(proc: TrainingProcess, job: str) -> bool:
+    """Whether `proc` is a rank of `job`: a bare name, or ``namespace/job`` matched against the process's pod."""
+    if job in proc.names or proc.job == job:
+        return True
+    ns, sep, name = job.partition("/")
+    return bool(sep) and proc.pod is not None and proc.pod.split("/", 1)[0] == ns and name in proc.names
+
 class StackDumper(Protocol):
     """Captures one process's Python stack.
 
@@ -146,7 +154,7 @@ class StackRequestResponder:
 
     def answer(self, job: str) -> tuple[str, str]:
         """Capture and upload the stacks of `job`'s processes here; (state, message) for the request."""
-        procs = [p for p in self.finder.find() if job in p.names or p.job == job]
+        procs = [p for p in self.finder.find() if is_of_job(p, job)]
         if not procs:
             return "failed", f"no process of job {job!r} on {self.node} (RANK in its environment, job by its pod, " \
                              f"KMEND_JOB or TORCHELASTIC_RUN_ID)"

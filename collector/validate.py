@@ -60,7 +60,7 @@ def signal_problem(sig: Signal) -> str | None:
             return "payload.step_time: must be a finite number"
         if not all(math.isfinite(v) for v in p.phases.values()):
             return "payload.phases: must be finite numbers"
-        texts = [("job", p.job)]
+        texts = [("job", p.job), ("namespace", p.namespace)]
     else:
         texts = []
     for field, value in texts:

@@ -58,6 +58,8 @@ class ProgressPayload(_Strict):
     phases: dict[Text, float] = Field(default_factory=dict, max_length=64)
     event: Literal["step", "end", "exit"] = "step"
     world_size: int | None = Field(default=None, ge=1, le=1_000_000)
+    namespace: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[^\x00/]+$")] | None = None
+    """The job's namespace (part of its identity); older agents send none."""
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -98,7 +100,8 @@ def to_record(s: SignalIn) -> Signal:
     elif isinstance(p, MetricPayload):
         payload = MetricSample(p.name, p.value, dict(p.labels))
     else:
-        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size)
+        payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size,
+                                 p.namespace)
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -124,4 +127,6 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body["event"] = p.event
         if p.world_size is not None:
             body["world_size"] = p.world_size
+        if p.namespace is not None:
+            body["namespace"] = p.namespace
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

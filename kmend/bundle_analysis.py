@@ -19,7 +19,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,15 +32,24 @@ from analyzer.matcher import FastMatcher
 from analyzer.metric_eval import SignalEvaluator
 from analyzer.metric_rules import SignalRules, default_metric_rules_dir, load_signal_rules
 from analyzer.pipeline import Analyzer
-from analyzer.progress import match_progress
+from analyzer.progress import ProgressMatcher
 from analyzer.progress_rules import ProgressRule, default_progress_rules_dir, load_progress_rules
 from analyzer.records import Finding, Incident
 from analyzer.rules import Rule, RuleError, default_rules_dir, load_rules
 from collector.bundle import BundleSource, LogFile
-from collector.bundle_time import is_dated, is_yearless, place_year
+from collector.bundle_time import (
+    SAME_EVENT_S,
+    boot_time,
+    boot_time_of_stat,
+    is_dated,
+    is_yearless,
+    kernel_uptime,
+    place_year,
+)
 from collector.metric_files import looks_like_scrape, scrape_signals, webhook_signals
 from collector.podmeta import parse_labels_file
-from collector.signal import LogLine, Signal
+from collector.signal import LogLine, Signal, Source
+from collector.timestamps import parse_timestamp
 
 BUNDLE_WINDOW_S = math.inf
 """Default correlation window: a bundle is cut around one failure, and its files may mix
@@ -55,21 +64,24 @@ wants a slowdown on several consecutive evaluations, as the service sees it live
 
 
 def _progress_lines(texts: Sequence[str], rules: Sequence[ProgressRule]) -> set[int]:
-    """Lines a progress rule extracts something from (its literal is checked before its pattern)."""
-    ordered = sorted(rules, key=lambda r: r.priority)
-    return {i for i, text in enumerate(texts) if match_progress(text, ordered) is not None}
+    """Lines a progress rule extracts something from (one combined prefilter picks the rules to try)."""
+    match = ProgressMatcher(rules).match
+    return {i for i, text in enumerate(texts) if match(text) is not None}
 
 
 def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence[ProgressRule] = (),
             ) -> tuple[list[Signal], set[tuple[str, str]], float | None]:
-    """Signals for the lines some rule matches, the (job, node) placements the bundle shows,
+    """Signals for the lines some rule matches, the (job key, node) placements the bundle shows,
     and the bundle's last timestamp (None for an empty bundle)."""
     signals: list[Signal] = []
     placements: set[tuple[str, str]] = set()
     ends: list[tuple[float, LogFile]] = []
-    files: list[tuple[LogFile, list[Signal]]] = []
+    files: list[tuple[LogFile, list[Signal], list[float | None]]] = []
+    clocks = _BootClocks()
     for f in source.files():
         fl = source.lines(f)
+        if Path(f.name).name == "stat":
+            clocks.stat(f, fl.raw)
         metric = _metric_signals(f, fl.raw)  # the file as written, not its folded events
         if metric is not None:
             signals.extend(metric)
@@ -80,8 +92,11 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
         for start in range(0, len(fl.texts), BATCH_LINES):
             for hit in engine.scan(fl.texts[start:start + BATCH_LINES]):
                 hit_lines.add(start + hit.line)
-        file_signals = [source.signal(fl, i) for i in sorted(hit_lines)]
-        files.append((f, file_signals))
+        hits = sorted(hit_lines)
+        file_signals = [source.signal(fl, i) for i in hits]
+        uptimes = [kernel_uptime(fl.raw[fl.heads[i]]) for i in hits]
+        clocks.lines(f, file_signals, uptimes, fl.raw)
+        files.append((f, file_signals, uptimes))
         if fl.texts:
             ends.append((source.signal(fl, len(fl.texts) - 1).ts, f))
         # A pod's log shows where its job ran even when none of its lines matched a rule.
@@ -89,18 +104,88 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
         for sig in probe:
             line = sig.payload
             if isinstance(line, LogLine) and line.job and sig.node != "unknown":
-                placements.add((line.job, sig.node))
+                placements.add((f"{line.namespace}/{line.job}" if line.namespace else line.job, sig.node))
     # Stamps without a year (syslog, glog) go into the year the bundle's dated lines say, else the file's mtime.
-    dated = [s.ts for s in signals if is_dated(s.ts)] + [s.ts for _, fs in files for s in fs if is_dated(s.ts)]
+    dated = [s.ts for s in signals if is_dated(s.ts)] + [s.ts for _, fs, _ in files for s in fs if is_dated(s.ts)]
     dated += [ts for ts, _ in ends if is_dated(ts)]  # a file's last line, matched by a rule or not
     bundle_anchor = max(dated) if dated else None
-    for f, file_signals in files:
-        anchor = bundle_anchor if bundle_anchor is not None else _mtime(f)
-        signals.extend(replace(s, ts=place_year(s.ts, anchor)) if is_yearless(s.ts) else s for s in file_signals)
-    last = [place_year(ts, bundle_anchor if bundle_anchor is not None else _mtime(f)) if is_yearless(ts) else ts
-            for ts, f in ends]
+
+    def placed(ts: float, f: LogFile) -> float:
+        return place_year(ts, bundle_anchor if bundle_anchor is not None else _mtime(f)) if is_yearless(ts) else ts
+
+    boots = clocks.boots(placed)
+    seen = _SeenKernelEvents()
+    for f, file_signals, uptimes in files:
+        for sig, up in zip(file_signals, uptimes, strict=True):
+            ts = placed(sig.ts, f)
+            if up is not None and abs(ts - up) < 1.0:  # dmesg's seconds since boot: onto the wall clock
+                boot = boots.get(sig.node, boots.get("", None))
+                ts = boot + ts if boot is not None else ts
+            if sig.source is Source.KERNEL and seen.again(sig, f.name, ts, up):
+                continue
+            signals.append(replace(sig, ts=ts) if ts != sig.ts else sig)
+    last = [placed(ts, f) for ts, f in ends]
     signals.sort(key=lambda s: s.ts)
     return signals, placements, max(last) if last else None
+
+
+class _BootClocks:
+    """Boot times per node, from a copy of ``/proc/stat`` or from kernel lines that carry both a wall-clock
+    and an uptime stamp (syslog and kern.log keep the kernel's ``[  219.470994]``)."""
+
+    TAIL = 200
+    """Lines read back from a file's end for a line with both stamps, when none of its matched lines has one."""
+
+    def __init__(self) -> None:
+        self._stat: dict[str, float] = {}
+        self._pairs: dict[str, list[tuple[float, float, LogFile]]] = {}
+
+    def stat(self, f: LogFile, raw: Sequence[str]) -> None:
+        """A copy of ``/proc/stat``: its ``btime`` is the node's boot time."""
+        btime = boot_time_of_stat("\n".join(raw))
+        if btime is not None:
+            self._stat[f.node or f.node_hint or ""] = btime
+
+    def lines(self, f: LogFile, hits: Sequence[Signal], uptimes: Sequence[float | None], raw: Sequence[str]) -> None:
+        """Wall-clock and uptime pairs of a file's matched lines, else of one of its last lines."""
+        pairs = [(s.ts, up, f) for s, up in zip(hits, uptimes, strict=True)
+                 if up is not None and abs(s.ts - up) >= 1.0]
+        for line in raw[:-self.TAIL - 1:-1] if not pairs else ():
+            up = kernel_uptime(line)
+            wall = parse_timestamp(line) if up is not None else None
+            if up is not None and wall is not None and wall[1] == "epoch":
+                pairs.append((wall[0], up, f))
+                break
+        if pairs:
+            self._pairs.setdefault(f.node or f.node_hint or "", []).extend(pairs)
+
+    def boots(self, placed: Callable[[float, LogFile], float]) -> dict[str, float]:
+        """Boot time per node (key ``""``: the bundle's only one, for files that name no node)."""
+        out = {node: b for node, pairs in self._pairs.items()
+               if (b := boot_time((placed(wall, f), up) for wall, up, f in pairs)) is not None}
+        out.update(self._stat)
+        if len(set(out.values())) == 1:
+            out[""] = next(iter(out.values()))
+        return out
+
+
+class _SeenKernelEvents:
+    """One kernel message copied into several files of a bundle (syslog, kern.log, messages, dmesg) is one
+    event: a copy in another file with the same uptime stamp, or stamped within a couple of seconds, is dropped."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str], list[tuple[str, float, float | None]]] = {}
+
+    def again(self, sig: Signal, file: str, ts: float, uptime: float | None) -> bool:
+        """Whether ``sig`` repeats a kernel event already kept from another file (else it is kept)."""
+        key = (sig.node, sig.payload.text if isinstance(sig.payload, LogLine) else "")
+        kept = self._kept.setdefault(key, [])
+        for other_file, other_ts, other_up in kept:
+            if other_file != file and (
+                    (uptime is not None and uptime == other_up) or abs(ts - other_ts) <= SAME_EVENT_S):
+                return True
+        kept.append((file, ts, uptime))
+        return False
 
 
 def _mtime(f: LogFile) -> float:
@@ -215,9 +300,17 @@ def incident_json(inc: Incident) -> dict[str, Any]:
         "fault_class": inc.fault_class.value,
         "hardware": inc.hardware,
         "recommended_action": inc.recommended_action.value,
-        "root_cause": {"node": rc.node, "gpu": rc.gpu, "pci": rc.pci, "rank": rc.rank, "job": rc.job},
-        "findings": [_finding_json(f) for f in inc.findings],
+        "root_cause": {"node": rc.node, "gpu": rc.gpu, "pci": rc.pci, "rank": rc.rank, "job": rc.job,
+                       "namespace": rc.namespace},
+        "findings": [_finding_json(f) for f in shown_findings(inc)],
     }
+
+
+def shown_findings(inc: Incident) -> list[Finding]:
+    """An incident's findings as reported: a finding its own escalation supersedes (Xid 48, then Xid 64 on the
+    same GPU) is reported once, as the escalation, which names both lines as its evidence."""
+    escalated = {f.id for f in inc.findings}
+    return [f for f in inc.findings if f"{f.id}:escalated" not in escalated]
 
 
 def render_table(incidents: Sequence[Incident]) -> str:
@@ -231,7 +324,7 @@ def render_table(incidents: Sequence[Incident]) -> str:
         rows.append((
             str(n), inc.fault_class.value, "yes" if inc.hardware else "no", inc.recommended_action.value,
             rc.node or "-", rc.pci or rc.gpu or "-", "-" if rc.rank is None else str(rc.rank),
-            rc.job or "-", str(len(inc.findings)), inc.root_finding.rule_id,
+            rc.job_key or "-", str(len(shown_findings(inc))), inc.root_finding.rule_id,
         ))
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (head, *rows)]

@@ -100,6 +100,15 @@ def render_text(result: dict[str, Any]) -> str:
     lines = [" " * width + "  " + "  ".join(f"{n:>8}" for n in names)]
     for k in keys:
         lines.append(f"{k:<{width}}  " + "  ".join(f"{_cell(result[n].get(k)):>8}" for n in names))
+    classes = sorted({c for n in names for c in result[n].get("by_class", {})})
+    if classes:
+        lines += ["", "by class: right class / faults (no incident)"]
+        for c in classes:
+            cells = []
+            for n in names:
+                row = result[n].get("by_class", {}).get(c)
+                cells.append(f"{row['class_ok']}/{row['faults']} ({row['no_incident']})" if row else "-")
+            lines.append(f"{c:<{width}}  " + "  ".join(f"{cell:>14}" for cell in cells))
     for n in names:
         listed = result[n].get("misses", [])
         if isinstance(listed, str):

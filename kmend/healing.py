@@ -312,12 +312,16 @@ class Healing:
             job = job if job in bound else (bound[0] if len(bound) == 1 else "")
         namespace = None
         if job:
-            # Job names repeat across namespaces: the one whose pod runs on the node is the one hurt.
-            pods = pods_of_job(on_node, job) or pods_of_job(self.ctx.workloads.list_pods(), job)
+            # Job names repeat across namespaces: the incident's namespace when the evidence gave one,
+            # else the one whose pod runs on the node is the one hurt.
+            ns = inc.root_cause.namespace if job == inc.root_cause.job else None
+            pods = pods_of_job(on_node, job, ns) or pods_of_job(self.ctx.workloads.list_pods(namespace=ns), job, ns)
             if pods:
                 namespace = pods[0].namespace
                 opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, job,
                                                          [dict(p.labels) for p in pods[:1]])
+            else:
+                namespace = ns
         held = None
         in_cooldown = False
         history = self.store.list_plans(node=node) if node else []

@@ -20,13 +20,13 @@ from healer.records import ActionStep, Mode, Plan, PlanState, StepKind, StepStat
 def location_to_dict(loc: Location) -> dict[str, Any]:
     """Root cause / where, with every key present (null when unknown)."""
     return {"node": loc.node, "gpu": loc.gpu, "pci": loc.pci, "port": loc.port, "rank": loc.rank,
-            "job": loc.job}
+            "job": loc.job, "namespace": loc.namespace}
 
 
 def location_from_dict(d: dict[str, Any]) -> Location:
     """Inverse of location_to_dict."""
     return Location(node=d.get("node"), gpu=d.get("gpu"), pci=d.get("pci"), port=d.get("port"),
-                    rank=d.get("rank"), job=d.get("job"))
+                    rank=d.get("rank"), job=d.get("job"), namespace=d.get("namespace"))
 
 
 def finding_to_dict(f: Finding) -> dict[str, Any]:

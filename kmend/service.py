@@ -9,7 +9,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analyzer.correlate import Correlator
 from analyzer.detectors.flight_recorder import load_dump
@@ -21,7 +21,7 @@ from analyzer.metric_eval import SeriesState, SignalEvaluator
 from analyzer.metric_rules import SignalRules
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import ProgressRule
-from analyzer.records import Finding, Incident, IncidentState
+from analyzer.records import Finding, Incident, IncidentState, job_location
 from analyzer.rules import Rule
 from collector.podmeta import JOB_LABELS
 from collector.signal import Signal
@@ -40,6 +40,9 @@ from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
 from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
+
+if TYPE_CHECKING:
+    from kmend.replicas import Replicas
 
 _SOURCE = attrgetter("source")
 
@@ -129,6 +132,8 @@ class Kmend:
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
         self.ready = False
+        self.replicas: Replicas | None = None
+        """Set when several replicas share PostgreSQL: ingest writes the feed, the Lease holder correlates."""
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -157,7 +162,7 @@ class Kmend:
                 if st and st != inc.state.value:
                     corr.set_state(inc.id, IncidentState(st), now, "restored")
             # The detectors keep their state: a rolled-back batch comes again and is folded idempotently.
-            # The compiled matcher holds no state of its own: kept, so a rebuild compiles no rule database again.
+            # The compiled matcher is kept: it holds no incident state, and compiling it again costs seconds.
             self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals,
                                      matcher=self.analyzer.matcher)
             self._refresh_open_gauge()
@@ -166,6 +171,8 @@ class Kmend:
 
     def ingest(self, signals: Sequence[Signal], origin: tuple[str, int] | None = None) -> IngestOutcome:
         """Store and analyze a batch; repeated ids, or a numbered batch already taken (`origin`), are ignored."""
+        if self.replicas is not None:
+            return self.replicas.ingest(signals, origin)
         with self._lock, self.metrics.batch_seconds.time():
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
             changed: list[SeriesState] = []
@@ -235,6 +242,8 @@ class Kmend:
         Settled Flight Recorder dumps are judged between two short holds of the lock, so
         analysing a large dump never holds up ingest.
         """
+        if self.replicas is not None and not self.replicas.leading:
+            return IngestOutcome(0, 0, (), ())  # the detectors run on the replica that folds the feed
         with self._lock:
             t = self.detector_now() if now is None else now
             settled = self.detectors.take_settled_dumps(t)
@@ -257,6 +266,10 @@ class Kmend:
 
     def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
+        if self.replicas is not None:
+            self.replicas.ingest_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
+                                                        source=f"{node}/stack/{job}/{rank}/{pid}/{self.clock():.3f}"))
+            return
         with self._lock:
             t = self.detector_now()
             self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
@@ -291,7 +304,8 @@ class Kmend:
         self._pods_checked[job] = wall + 5.0
         for key, _ in JOB_LABELS:
             try:
-                pods = self.workloads.list_pods(selector={key: job})
+                where = job_location(job)  # the detectors' key: ``namespace/job`` or a bare name
+                pods = self.workloads.list_pods(namespace=where.namespace, selector={key: where.job or job})
             except Exception:
                 log.debug("pods of %s unavailable; the job's logs decide", job, exc_info=True)
                 return False
@@ -302,6 +316,9 @@ class Kmend:
     def ingest_flight_recorder(self, job: str, rank: int, node: str, data: bytes, *, source: str = "") -> None:
         """Accept one rank's PyTorch Flight Recorder dump (raises DumpError when it cannot be read safely)."""
         dump = load_dump(data)  # parsed and checked before the lock: a large dump never blocks ingest
+        if self.replicas is not None:
+            self.replicas.ingest_dump(job, rank, node, dump, source or f"{node}/flight-recorder/{job}/{rank}")
+            return
         with self._lock:
             self.detectors.add_checked_dump(job, rank, node, dump, self.detector_now(),
                                             source=source or f"{node}/flight-recorder/{job}/{rank}")
@@ -374,6 +391,11 @@ class Kmend:
             # Cleared before the round reads incidents: a wake during the round starts the next one at once,
             # and tells this one to leave older plans for later.
             self._wake.clear()
+            try:
+                if self.replicas is not None:
+                    self.replicas.tail()
+            except Exception:
+                log.exception("reading the replica feed failed")
             try:
                 self.heal_once(interrupted=self._wake.is_set)
                 self.metrics.healer_round.set_to_current_time()

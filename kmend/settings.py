@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     scheduler_name: str = Field("kmend", description="pods with this spec.schedulerName are placed by kmend")
     scheduler_interval_s: float = 1.0
     lease_duration_s: int = 15
+    replicated: bool = Field(False, description=(
+        "several replicas share the PostgreSQL database: each ingests and matches, the Lease holder correlates "
+        "and heals"))
     identity: str | None = Field(None, description="this replica's Lease holder identity (default: host name)")
     sim_spares: int = Field(2, description="nodes of the simulated cluster that form the spare pool")
     sim_job_nodes: int = Field(0, description="nodes a simulated PyTorchJob runs on (0: none)")
@@ -88,6 +91,13 @@ class Settings(BaseSettings):
     sim_state_file: Path | None = Field(None, description="keep the simulated cluster in this file across restarts")
     sim_crash_after: int | None = Field(None, description="fault injection: SIGKILL after the N-th applied change")
     sim_crash_before: int | None = Field(None, description="fault injection: SIGKILL before the N-th change lands")
+
+    @model_validator(mode="after")
+    def _replicas_share_postgresql(self) -> Settings:
+        if self.replicated and not self.database_url.startswith("postgresql"):
+            raise ValueError("replicated needs a PostgreSQL database_url (postgresql+psycopg://...): replicas "
+                             "share their findings through it")
+        return self
 
     @model_validator(mode="after")
     def _distinct_tokens(self) -> Settings:

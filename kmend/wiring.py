@@ -179,6 +179,13 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         + ([settings.sim_checkpoint_path] if settings.sim_checkpoint_path else []),
         signal_rules=load_signal_rules(settings.metric_rules_dirs),
     )
+    if settings.replicated:
+        from kmend.replicas import Replicas
+        from kmend.store.feed import Feed
+
+        if isinstance(kmend.healing.leader, AlwaysLeader):
+            log.warning("replicated without a Kubernetes Lease: every replica would heal; run one replica")
+        kmend.replicas = Replicas(kmend, Feed(store), identity=settings.identity or socket.gethostname())
     elector = kmend.healing.leader
     if isinstance(elector, LeaderElector):
         scheduler = kmend.scheduler

@@ -92,7 +92,8 @@ class TraceJob:
         """One rank's hook report."""
         return Signal(self._sid("progress"), self.node_of(rank), Source.PROGRESS, ts,
                       ProgressSample(self.name, rank, self.step, step_time,
-                                     {"compute": compute, "comm_wait": max(step_time - compute, 0.0)}))
+                                     {"compute": compute, "comm_wait": max(step_time - compute, 0.0)},
+                                     namespace="training"))
 
     def log(self, rank: int, ts: float, text: str) -> Signal:
         """One rank's container log line."""
@@ -196,7 +197,8 @@ class TraceJob:
         """Every rank's pod is removed (deleted, or replaced for a restart): the agent reports each container gone."""
         self.ts += after_s
         return self.ts, [Signal(self._sid("exit"), self.node_of(r), Source.CONTAINER, self.ts,
-                                ProgressSample(self.name, r, 0, event="exit")) for r in range(self.world)]
+                                ProgressSample(self.name, r, 0, event="exit", namespace="training"))
+                                for r in range(self.world)]
 
     def resume_from(self, step: int, after_s: float) -> None:
         """New pods load the checkpoint of `step` and go on from there, `after_s` later."""

@@ -111,10 +111,11 @@ class Pod:
 
 
 class Job:
-    """A torchrun job of `world` single-worker pods on one node."""
+    """A torchrun job of `world` single-worker pods, on one node or on the nodes of `pod_roots` (one per pod)."""
 
     def __init__(self, root: Path, name: str, script: str, steps: int, world: int,
-                 fault: dict[str, str] | None = None, env: dict[str, str] | None = None) -> None:
+                 fault: dict[str, str] | None = None, env: dict[str, str] | None = None,
+                 pod_roots: list[Path] | None = None) -> None:
         self.root, self.name, self.world = root, name, world
         self.pods: list[Pod] = []
         port = free_port()
@@ -128,7 +129,8 @@ class Job:
             argv = [str(Path(sys.executable).parent / "torchrun"), f"--nnodes={world}", f"--node-rank={r}",
                     "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
                     str(JOBS / script), str(steps)]
-            log = CriFile(root / f"{NAMESPACE}_{pod}_{uuid.uuid4()}" / "trainer" / "0.log")
+            log = CriFile((pod_roots[r] if pod_roots else root) / f"{NAMESPACE}_{pod}_{uuid.uuid4()}" / "trainer"
+                          / "0.log")
             proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True, cwd=REPO)
             assert proc.stdout is not None and proc.stderr is not None
@@ -173,12 +175,14 @@ class Proc:
 
 @dataclass
 class Kmend:
-    """The service and one node agent, watching `pods`."""
+    """The service and a node agent per node, each watching its node's pod logs (`pods`: the first node's)."""
 
     url: str
     pods: Path
     client: httpx.Client
     db: Path
+    node_pods: dict[str, Path] = field(default_factory=dict)
+    """Each node's pod log directory."""
 
     def stored_lines(self, needle: str) -> list[str]:
         """Texts of the container lines the service stored that contain `needle` (what the agent shipped)."""
@@ -218,24 +222,30 @@ SERVICE_ENV = {
 
 
 @contextmanager
-def running_kmend(tmp: Path, env: dict[str, str] | None = None) -> Iterator[Kmend]:
-    """`kmend serve` (simulated cluster, SQLite) and `kmend agent` on NODE, as separate processes."""
-    pods = tmp / "pods"
-    pods.mkdir()
+def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str, ...] = (NODE,)) -> Iterator[Kmend]:
+    """`kmend serve` (simulated cluster, SQLite) and a `kmend agent` per node (NODE alone by default), as separate
+    processes; each agent has its own pod log directory and state, as on its own machine."""
+    node_pods = {node: tmp / ("pods" if i == 0 else f"pods-{node}") for i, node in enumerate(nodes)}
+    for d in node_pods.values():
+        d.mkdir()
+    pods = node_pods[nodes[0]]
     port = free_port()
     service = Proc(["serve", "--port", str(port), "--database-url", f"sqlite:///{tmp / 'kmend.db'}",
                     "--cluster", "sim"], tmp / "service.log", {**SERVICE_ENV, **(env or {})})
-    agent: Proc | None = None
+    agents: list[Proc] = []
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=10) as client:
             wait_ready(url, service.p, log=tmp / "service.log")
-            agent = Proc(["agent", "--node", NODE, "--service-url", url, "--state-dir", str(tmp / "agent"),
-                          "--pods-root", str(pods), "--kernel", "off", "--no-nvml", "--no-pod-labels",
-                          "--ib-root", str(tmp / "no-ib"), "--poll-interval", "0.2", "--flush-interval", "0.2",
-                          "--status-port", "0"], tmp / "agent.log", {})
-            yield Kmend(url, pods, client, tmp / "kmend.db")
+            for i, (node, root) in enumerate(node_pods.items()):
+                suffix = "" if i == 0 else f"-{node}"
+                agents.append(Proc(["agent", "--node", node, "--service-url", url,
+                                    "--state-dir", str(tmp / f"agent{suffix}"), "--pods-root", str(root),
+                                    "--kernel", "off", "--no-nvml", "--no-pod-labels",
+                                    "--ib-root", str(tmp / "no-ib"), "--poll-interval", "0.2",
+                                    "--flush-interval", "0.2", "--status-port", "0"], tmp / f"agent{suffix}.log", {}))
+            yield Kmend(url, pods, client, tmp / "kmend.db", node_pods)
     finally:
-        if agent is not None:
+        for agent in agents:
             agent.stop()
         service.stop()

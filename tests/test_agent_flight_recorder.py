@@ -120,7 +120,8 @@ def test_job_comes_from_pod_labels_or_directory_and_rank_from_the_file_name(tmp_
     src = FlightRecorderSource(node="n", root=root, uploader=up, pod_metadata=pods, settle_s=0.0, clock=clock)
     src.poll()
     polled = src.poll()
-    assert sorted(up.sent) == [("bert-ft", 4, "n", 1), ("llama-70b", 27, "n", 1)]
+    # A dump in a pod's directory names its job with the pod's namespace, as the job's progress does.
+    assert sorted(up.sent) == [("bert-ft", 4, "n", 1), ("train/llama-70b", 27, "n", 1)]
     assert polled.errors == 1 and polled.cursors["nccl_trace_rank_9"]["state"] == "no-job"
 
 
@@ -162,7 +163,7 @@ def test_a_failed_pod_lookup_is_retried_not_taken_as_no_job(tmp_path: Path) -> N
     src.poll()
     assert src.poll().cursors == {} and up.sent == []
     src.poll()
-    assert up.sent == [("llama", 0, "n", 1)]
+    assert up.sent == [("train/llama", 0, "n", 1)]
 
 
 def test_kmend_agent_uploads_dumps_once_across_a_restart(tmp_path: Path, service: Service) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from analyzer.rules import Rule
+from collector.bundle import BundleSource
 from collector.podmeta import StaticPodMetadata, job_and_rank
 from collector.prefilter import RegexPrefilter
 from collector.signal import LogLine, MetricSample, Signal
@@ -106,7 +107,7 @@ def test_kmsg_prefilter_ships_only_candidates(tmp_path: Path) -> None:
 def test_kern_log_lines_rotation_and_gz(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     shutil.copy(FIXTURES / "kern.log", log)
-    src = KernLogSource(node="n1", path=log, clock=lambda: 5.0)
+    src = KernLogSource(node="n1", path=log, clock=lambda: 5.0, hold_s=0)
     first = src.poll().signals
     assert texts(first)[0] == XID79
     assert first[0].ts == pytest.approx(1_795_255_200.1)  # RFC 3339 prefix parsed
@@ -122,7 +123,7 @@ def test_kern_log_in_rfc5424_and_journald_iso_forms_ships_the_bare_message(tmp_p
     log = tmp_path / "kern.log"
     log.write_text(f"<4>1 2026-11-21T10:00:00.100Z gpu-7 kernel - - - {XID79}\n"
                    f"2026-11-21T10:00:01+0000 gpu-7 kernel: [ 1843.308145] {XID79}\n")
-    assert texts(KernLogSource(node="n1", path=log, clock=lambda: 5.0).poll().signals) == [XID79, XID79]
+    assert texts(KernLogSource(node="n1", path=log, clock=lambda: 5.0, hold_s=0).poll().signals) == [XID79, XID79]
 
 
 # -- container logs -------------------------------------------------------------------------
@@ -391,3 +392,70 @@ def test_cri_one_unreadable_container_does_not_cost_the_others(tmp_path: Path) -
     (bad.dir / "0.log.1").symlink_to(bad.live)
     polled = src.poll()
     assert texts(polled.signals) == ["fine"] and polled.errors == 1
+
+
+# A real AER report as rsyslog writes it to kern.log (https://github.com/pop-os/pop/issues/3363).
+AER_REPORT = [
+    "Sep 19 16:18:04 bubz kernel: [68185.875052] pcieport 0000:00:03.1: AER: Multiple Correctable error message"
+    " received from 0000:00:00.0",
+    "Sep 19 16:18:04 bubz kernel: [68185.875237] pcieport 0000:00:03.1: PCIe Bus Error: severity=Correctable,"
+    " type=Data Link Layer, (Transmitter ID)",
+    "Sep 19 16:18:04 bubz kernel: [68185.875244] pcieport 0000:00:03.1:   device [1022:1453] error status/mask"
+    "=000011c0/00006000",
+    "Sep 19 16:18:04 bubz kernel: [68185.875252] pcieport 0000:00:03.1:    [ 6] BadTLP                ",
+    "Sep 19 16:18:04 bubz kernel: [68185.875259] pcieport 0000:00:03.1:    [ 7] BadDLLP               ",
+    "Sep 19 16:18:04 bubz kernel: [68185.875265] pcieport 0000:00:03.1:    [ 8] Rollover              ",
+    "Sep 19 16:18:04 bubz kernel: [68185.875270] pcieport 0000:00:03.1:    [12] Timeout               ",
+    "Sep 19 16:18:04 bubz kernel: [68185.875295] nvidia 0000:07:00.0: PCIe Bus Error: severity=Correctable,"
+    " type=Data Link Layer, (Transmitter ID)",
+    "Sep 19 16:18:04 bubz kernel: [68185.875301] nvidia 0000:07:00.0:   device [10de:2184] error status/mask"
+    "=00001000/0000a000",
+    "Sep 19 16:18:04 bubz kernel: [68185.875308] nvidia 0000:07:00.0:    [12] Timeout               ",
+]
+
+
+def _analyze_events(path: Path) -> list[str]:
+    source = BundleSource([str(path)])
+    return source.lines(source.files()[0]).texts
+
+
+def test_kern_log_folds_an_aer_report_into_the_events_analyze_finds(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join(AER_REPORT) + "\n")
+    want = _analyze_events(log)
+    assert 1 <= len(want) < len(AER_REPORT)
+    polled = KernLogSource(node="n1", path=log, clock=lambda: 5.0, hold_s=0).poll()
+    assert texts(polled.signals) == want
+    assert polled.signals[0].id == f"n1/kernel/{next(iter(polled.cursors))}/0"
+    assert polled.lines == len(AER_REPORT)
+
+
+def test_kern_log_holds_a_report_cut_by_a_poll_until_its_last_lines_arrive(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join(["2026-11-21T10:00:00+00:00 h kernel: [ 1.0] eth0: link up", *AER_REPORT[:3]]) + "\n")
+    now = [100.0]
+    src = KernLogSource(node="n1", path=log, clock=lambda: now[0], hold_s=1.0)
+    first = src.poll()
+    assert texts(first.signals) == ["eth0: link up"]
+    (cursor,) = first.cursors.values()
+    first_line = "2026-11-21T10:00:00+00:00 h kernel: [ 1.0] eth0: link up\n"
+    assert isinstance(cursor, dict) and cursor["offset"] == len(first_line)  # a restart reads the report again
+    with open(log, "a") as fh:
+        fh.write("\n".join(AER_REPORT[3:]) + "\n")
+    now[0] += 0.2
+    second = src.poll()
+    now[0] += 2.0
+    third = src.poll()  # nothing new: whatever was still held goes out now
+    whole = tmp_path / "whole.log"
+    whole.write_text("\n".join(AER_REPORT) + "\n")
+    assert texts(second.signals) + texts(third.signals) == _analyze_events(whole)
+    assert not src.poll().signals
+
+
+def test_kern_log_ships_a_folded_report_whole_through_the_rule_prefilter(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join(AER_REPORT) + "\n")
+    prefilter = RegexPrefilter([r"PCIe Bus Error: severity=Correctable"])
+    signals = KernLogSource(node="n1", path=log, clock=lambda: 5.0, hold_s=0, prefilter=prefilter).poll().signals
+    assert texts(signals) == [t for t in _analyze_events(log) if "severity=Correctable" in t]
+    assert any("error status/mask=000011c0/00006000" in t and "Timeout" in t for t in texts(signals))

@@ -60,7 +60,8 @@ def test_xid79_and_timeouts_on_eight_ranks_are_one_incident_rooted_at_the_xid_no
     assert (inc["fault_class"], inc["hardware"]) == ("gpu_lost", True)
     assert inc["recommended_action"] == "replace_node"
     assert inc["root_cause"] == {
-        "node": "node-a", "gpu": None, "pci": "0000:44:00", "rank": None, "job": "llama"}
+        "node": "node-a", "gpu": None, "pci": "0000:44:00", "rank": None, "job": "llama",
+        "namespace": "train"}
     rules = [f["rule_id"] for f in inc["findings"]]
     assert rules[0] == "xid-79" and rules.count("nccl-watchdog-timeout") == 8
     ranks = sorted(f["rank"] for f in inc["findings"] if f["rule_id"] == "nccl-watchdog-timeout")

@@ -22,9 +22,13 @@ def test_rule_benchmark_prints_one_json_object_per_result() -> None:
     raw = [r for r in results if r["engine"].startswith("raw hyperscan")]
     assert all(r["findings"] >= r["fault_lines"] for r in raw)  # hits before confirmation: never fewer
     results = [r for r in results if r not in raw]
-    assert [r["input"] for r in results] == ["file bytes", "list of str lines", "list of str lines"]
-    fast, lines, naive = results
+    assert [r["input"] for r in results] == [
+        "file bytes", "list of str lines", "batches of 1000 log signals",
+        "batches of 1000 log signals and their lines as one buffer", "list of str lines"]
+    fast, lines, service, received, naive = results
     assert fast["findings"] == lines["findings"] == fast["fault_lines"] > 0
+    # The service path builds findings (container rules only, as a pod's lines get): the same from either input.
+    assert service["findings"] == received["findings"] > 0
     assert naive["measured_on_subset"] is True
     assert all(r["mb_per_s_per_core"] > 0 and r["lines_per_s_per_core"] > 0 for r in results)
 
@@ -42,3 +46,14 @@ def test_fuzz_campaign_finds_no_server_error_and_no_schema_violation(database_ur
     assert result["failures"] == result["errors"] == 0
     print(json.dumps({k: result[k] for k in ("operations", "max_examples", "seconds")}
                      | {"cases": [r["summary"] for r in (result["ingest_token_run"], result["operator_token_run"])]}))
+
+
+def test_progress_rule_benchmark_compares_both_matchers_on_the_same_lines() -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/progress_rules.py", "--lines", "3000", "--repeat", "1"],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=True,
+    )
+    by_rule, combined = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert by_rule["progress_lines"] == combined["progress_lines"] > 0
+    assert by_rule["lines"] == combined["lines"] == 3000
+    assert by_rule["ratio_to_rule_by_rule"] == 1.0 and combined["us_per_line"] > 0

@@ -26,6 +26,7 @@ def _kmend(args: list[str], env: dict[str, str], tmp: Path) -> subprocess.Comple
     (["serve"], {"KMEND_HANG_K": "abc"}, "KMEND_HANG_K='abc': input should be a valid number"),
     (["serve"], {"KMEND_DATABASE_URL": "postgresql+psycopg://kmend:s3cret@127.0.0.1:1/kmend"},
      "KMEND_DATABASE_URL='postgresql+psycopg://kmend:***@127.0.0.1:1/kmend': cannot use the database"),
+    (["serve"], {"KMEND_REPLICATED": "true"}, "replicated needs a PostgreSQL database_url"),
     (["serve"], {"KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": "/nonexistent/kubeconfig"},
      "KMEND_KUBECONFIG='/nonexistent/kubeconfig'"),
     (["agent", "--no-nvml", "--kernel", "off"], {"KMEND_AGENT_BATCH_SIZE": "0"},

@@ -133,8 +133,8 @@ def test_a_job_silent_for_a_day_is_forgotten_after_its_hang_was_reported() -> No
     for _, sigs in job.run(10):
         suite.observe(sigs)
     assert [f.fault_class for f in suite.evaluate(job.ts + 60)] == [FaultClass.HANG]
-    assert "j" in suite.book.jobs
-    assert suite.evaluate(job.ts + 7200) == [] and "j" not in suite.book.jobs
+    assert "training/j" in suite.book.jobs
+    assert suite.evaluate(job.ts + 7200) == [] and "training/j" not in suite.book.jobs
 
 
 def test_hang_floor_and_k_are_settings() -> None:
@@ -190,7 +190,7 @@ def test_hook_phases_replace_the_log_lines_step_time_whichever_arrives_first(
     hook5 = job.progress(0, 6.0, step_time=0.9, compute=0.4)
     assert isinstance(hook5.payload, ProgressSample) and hook5.payload.step == 5
     suite.observe([log5, log6, hook5])
-    rank = suite.book.jobs["j"].ranks[0]
+    rank = suite.book.jobs["training/j"].ranks[0]  # the hook's samples (no namespace) join the pod's job
     assert rank.basis == "compute" and list(rank.times) == [0.3, 0.3, 0.3, 0.3, 0.4]
 
 

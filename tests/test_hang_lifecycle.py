@@ -341,4 +341,4 @@ def test_the_trainers_bar_repeating_its_final_count_after_the_end_line_is_no_new
     batches.append((t + 0.3, [line("bar", 0, t + 0.3, "100%|█████| 30/30 [00:30<00:00,  1.00s/it]", n + 2)]))
     an = analyzer()
     assert hangs(run(an, batches, until=t + 120)) == []
-    assert an.detectors is not None and an.detectors.book.jobs["bar"].run == 0
+    assert an.detectors is not None and an.detectors.book.jobs["train/bar"].run == 0

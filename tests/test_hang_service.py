@@ -71,3 +71,22 @@ def test_a_job_whose_pods_the_api_shows_deleted_raises_no_hang(service: tuple[Km
         kmend.evaluate(now=last + k)
     assert _hangs(kmend) == []
     assert kmend.healing.requests("node-000") == []  # nothing to capture from pods that are going away
+
+
+def test_deleting_a_jobs_pods_in_its_namespace_ends_it_while_its_name_runs_on_elsewhere(
+    service: tuple[Kmend, SimWorkloads],
+) -> None:
+    kmend, workloads = service
+    for r in range(4):  # another team's job of the same name, still running
+        workloads.add_pod("other", f"llm-{r}", node="node-001", gpus=0,
+                          labels={"kmend.io/job": "llm", "kmend.io/rank": str(r)})
+    t = T0
+    for s in range(1, 31):
+        t += 0.5
+        kmend.ingest([Signal(f"node-{r // 2:03d}/progress/llm/{r}/{s}", f"node-{r // 2:03d}", Source.PROGRESS, t,
+                             ProgressSample("llm", r, s, 0.5, namespace="train")) for r in range(4)])
+    for r in range(4):
+        workloads.delete_pod("train", f"llm-{r}")
+    for k in range(1, 60):
+        kmend.evaluate(now=t + k)
+    assert _hangs(kmend) == []

@@ -36,7 +36,7 @@ def test_an_xid_belongs_to_the_job_on_the_node_now_not_to_every_job_it_ever_ran(
     analyzer.process([kernel("gpu-node-04", XID79, ts=T0 + 7260)])
     [inc] = [i for i in analyzer.correlator.incidents() if i.fault_class is FaultClass.GPU_LOST]
     assert inc.root_cause.job == "llama"
-    assert analyzer.correlator.jobs_on("gpu-node-04", at=T0 + 7260) == {"llama"}
+    assert analyzer.correlator.jobs_on("gpu-node-04", at=T0 + 7260) == {"training/llama"}
 
 
 def test_a_bundle_placement_never_expires() -> None:

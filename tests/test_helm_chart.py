@@ -125,6 +125,7 @@ def test_postgresql_install() -> None:
     assert url == "postgresql+psycopg://kmend@pg.db.svc:5432/kmend?sslmode=prefer"  # password: PGPASSWORD
     assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "kmend-pg", "key": "password"}
     assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert env["KMEND_REPLICATED"]["value"] == "true"  # two replicas: each ingests, the Lease holder correlates
     assert "PersistentVolumeClaim" not in {o["kind"] for o in objs}
     assert "data" not in {v["name"] for v in pod["volumes"]}
     pdb = _one(objs, "PodDisruptionBudget")

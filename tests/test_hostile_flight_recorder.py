@@ -140,7 +140,7 @@ def test_one_jobs_data_that_breaks_the_straggler_scoring_does_not_stop_another_j
     real = StragglerDetector._score_ranks
 
     def score(self: StragglerDetector, name: str, *args: Any) -> Any:
-        if name == "bad":
+        if name == "training/bad":  # the job key: namespace/job
             raise FloatingPointError("impossible step times")  # stands for any bug one job's data could hit
         return real(self, name, *args)
 
@@ -153,4 +153,4 @@ def test_one_jobs_data_that_breaks_the_straggler_scoring_does_not_stop_another_j
         suite.observe(sigs + bad_sigs)
         found.extend(suite.evaluate(t))
     assert {(f.where.job, f.where.rank) for f in found if f.fault_class.value == "straggler"} == {("good", 7)}
-    assert {(f.detector, f.job) for f in suite.take_failures()} == {("straggler", "bad")}
+    assert {(f.detector, f.job) for f in suite.take_failures()} == {("straggler", "training/bad")}

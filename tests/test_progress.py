@@ -106,7 +106,8 @@ def test_unrelated_lines_and_lines_of_no_job_give_nothing(rules: list[ProgressRu
     assert ex.extract([container("gpu-1", "NCCL INFO Channel 00/32 : 0 1 2 3")]) == []
     assert ex.extract([kernel("gpu-1", "step 4 loss 1.0")]) == []  # no pod, no job: nothing to compare with
     [ev] = ex.extract([container("gpu-1", "step 4 loss 1.0", job=None, pod="trainer-0")])
-    assert ev.job == "training/trainer-0"  # without a job label the pod stands for it
+    # Without a job label the pod stands for it, in its namespace.
+    assert (ev.namespace, ev.job, ev.key) == ("training", "trainer-0", "training/trainer-0")
 
 
 def test_hook_files_become_progress_signals_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -105,8 +105,14 @@ def test_plain_ddp_blocked_rank_is_a_hang_detected_within_the_target(kmend: Kmen
     assert hang["root_cause"]["job"] == "ddp-hang"
 
 
+def _hang_with_stacks(incidents: list[dict[str, Any]]) -> bool:
+    """A hang incident with the ranks' stacks in it: they follow the hang call by a poll or two."""
+    return any(f["rule_id"] == "stack-dump" for i in _of(incidents, "hang") for f in i["findings"])
+
+
 def _assert_stopped_rank_named(hang: dict[str, Any], rank: int) -> None:
-    assert hang["root_cause"]["rank"] == rank, hang["root_cause"]
+    named = [(f["rule_id"], f["fields"].get("culprit_rank"), f["message"]) for f in hang["findings"]]
+    assert hang["root_cause"]["rank"] == rank, (hang["root_cause"], named)
     # Named from the agent's look at the processes: py-spy stacks of every rank, the culprit's process stopped.
     [stacks] = [f for f in hang["findings"] if f["rule_id"] == "stack-dump"]
     assert stacks["fields"]["stopped_ranks"] == str(rank), stacks["fields"]
@@ -117,7 +123,7 @@ def test_plain_ddp_blocked_rank_is_named(kmend: Kmend) -> None:
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "20"}
     job = Job(kmend.pods, "ddp-hang", "plain_ddp.py", steps=100_000, world=3, fault=fault)
     try:
-        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 60)
+        incs = kmend.wait_for(_hang_with_stacks, 60)
         found = time.time()
         last = _last_progress(job, " stdout F step ")
     finally:
@@ -181,7 +187,7 @@ def test_hf_trainer_blocked_rank_is_named(kmend: Kmend) -> None:
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5"}
     job = Job(kmend.pods, "gpt2-hang", "hf_trainer.py", steps=100_000, world=2, fault=fault)
     try:
-        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 100)
+        incs = kmend.wait_for(_hang_with_stacks, 100)
         found = time.time()
         last = _last_progress(job, "'loss': ")
     finally:

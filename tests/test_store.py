@@ -31,10 +31,10 @@ def test_migration_creates_every_table_at_head(database_url: str) -> None:
     store = _store(database_url)
     tables = set(inspect(store.engine).get_table_names())
     assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version", "audit_log", "breaker",
-            "node_requests", "leases_seen"} <= tables
-    assert store.revision() == "0006"
+            "node_requests", "leases_seen", "replica_feed", "feed_cursor"} <= tables
+    assert store.revision() == "0007"
     store.migrate()  # idempotent
-    assert store.revision() == "0006"
+    assert store.revision() == "0007"
     from kmend.store import schema
 
     for table in schema.metadata.tables.values():  # the migrations create exactly the declared columns
@@ -107,7 +107,7 @@ def test_a_cause_adopting_two_symptom_incidents_leaves_one_active(database_url: 
     assert active["fault_class"] == "gpu_lost" and merged["fault_class"] == "nccl_timeout"
     full = store.get_incident(active["id"])
     assert full is not None and {f["rule_id"] for f in full["findings"]} == {"xid-79", "nccl-watchdog-timeout"}
-    assert len(full["findings"]) == 3 and sorted(full["jobs"]) == ["job-a", "job-b"]
+    assert len(full["findings"]) == 3 and sorted(full["jobs"]) == ["training/job-a", "training/job-b"]  # namespace/job
 
 
 def test_healing_ledger_breaker_requests_audit_and_journal_counts(database_url: str) -> None:

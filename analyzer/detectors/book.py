@@ -114,6 +114,8 @@ class JobBook:
     def __init__(self, *, window: int = 64) -> None:
         self.window = window
         self.jobs: dict[str, JobState] = {}
+        self._namespaced: dict[str, set[str]] = {}
+        """Job name -> the ``namespace/job`` keys it is kept under."""
         self.gpu: dict[str, dict[str, dict[str, tuple[float, float]]]] = {}
         """node -> gpu (or NIC port) -> feature -> (ts, value), latest only."""
 
@@ -121,17 +123,27 @@ class JobBook:
         """Fold one progress event in (idempotent for repeated or older steps)."""
         if ev.kind is ProgressKind.EXIT:
             # A process or container of a job that reported no progress here is no job to keep.
-            if (known := self.jobs.get(ev.job)) is not None:
+            if (known := self.jobs.get(self.key_for(ev.namespace, ev.job))) is not None:
                 self._exit(known, ev)
+            elif ev.namespace is None:
+                # A reporter that knows no namespace (an older agent, a process outside any pod) ends the
+                # rank of that job name in whichever namespace that rank runs on this node.
+                for key, state in self.jobs.items():
+                    if key.endswith(f"/{ev.job}") and (r := state.ranks.get(ev.rank)) is not None \
+                            and r.node == ev.node:
+                        self._exit(state, ev)
             return
-        job = self.jobs.get(ev.job)
+        key = self.key_for(ev.namespace, ev.job)
+        job = self.jobs.get(key)
         if job is None:  # not setdefault: a JobState (two deques) per event was a sixth of ingest time
-            job = self.jobs[ev.job] = JobState()
+            job = self.jobs[key] = JobState()
+            if key != ev.job:
+                self._namespaced.setdefault(ev.job, set()).add(key)
         if ev.kind is ProgressKind.END:
             job.ended_at = max(job.ended_at or ev.ts, ev.ts)
             return
         if ev.kind is ProgressKind.STEP and ev.step is not None and _restarted(job, ev):
-            job = self._restart(ev.job, job)
+            job = self._restart(key, job)
         if ev.world_size is not None and ev.kind is ProgressKind.STEP:
             if job.world_size is not None and ev.world_size != job.world_size:
                 return  # a late report from the run before the world changed
@@ -236,9 +248,32 @@ class JobBook:
         state = self.jobs.get(job)
         return {r.node for r in state.ranks.values()} if state else set()
 
+    def key_for(self, namespace: str | None, job: str) -> str:
+        """The key `job` is kept under: ``namespace/job``, or the bare name when no namespace is known.
+
+        Reporters that know no namespace (older agents, a hook outside any pod) and reports of a job
+        that such a reporter named are matched by name when the book holds it in exactly one namespace.
+        """
+        if namespace:
+            key = f"{namespace}/{job}"
+            return key if key in self.jobs or job not in self.jobs else job
+        if job in self.jobs:
+            return job
+        keys = self._namespaced.get(job)
+        return next(iter(keys)) if keys is not None and len(keys) == 1 else job
+
     def forget(self, job: str) -> None:
         """Drop a job (it was deleted or restarted under the same name)."""
         self.jobs.pop(job, None)
+        self._unindex(job)
+
+    def _unindex(self, key: str) -> None:
+        _, sep, name = key.partition("/")
+        keys = self._namespaced.get(name) if sep else None
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._namespaced[name]
 
     def expire(self, now: float, idle_s: float) -> list[str]:
         """Drop jobs with no progress for `idle_s` (finished, deleted or long dead); returns their names."""
@@ -246,6 +281,7 @@ class JobBook:
                 if job.ranks and now - max(max(r.last_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
         for name in gone:
             del self.jobs[name]
+            self._unindex(name)
         return gone
 
 

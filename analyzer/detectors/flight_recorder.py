@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analyzer.detectors import HANG_CAUSES
-from analyzer.records import Action, FaultClass, Finding, Location, Severity
+from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 
 DETECTOR_ID = "flight-recorder"
 MAX_DUMP_BYTES = 64 * 1024 * 1024
@@ -316,7 +316,7 @@ class FlightRecorderDetector:
 
     def first_report(self, finding: Finding) -> bool:
         """True the first time a finding id is seen, so each stuck collective is reported once."""
-        reported = self._reported.setdefault(finding.where.job or "", set())
+        reported = self._reported.setdefault(finding.where.job_key or "", set())
         if finding.id in reported:
             return False
         reported.add(finding.id)
@@ -357,7 +357,7 @@ class FlightRecorderDetector:
             msg = f"job {job}: every rank joined collective #{v.seq} ({v.op}) of {v.pg} and none completed"
         return Finding(
             id=f"{DETECTOR_ID}:{job}:{v.pg}:{v.seq}", ts=ts, fault_class=FaultClass.HANG, severity=Severity.ERROR,
-            hardware=False, where=Location(node=node, rank=culprits[0] if culprits else None, job=job),
+            hardware=False, where=job_location(job, node=node, rank=culprits[0] if culprits else None),
             rule_id=DETECTOR_ID, recommended_action=Action.RESTART_JOB,
             evidence=tuple(d.source for d in dumps.values() if d.source), message=msg,
             symptom_of=HANG_CAUSES, fields=fields,

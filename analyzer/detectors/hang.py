@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from analyzer.detectors import HANG_CAUSES
 from analyzer.detectors.book import JobBook, JobState, RankState
-from analyzer.records import Action, FaultClass, Finding, Location, Severity
+from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 
 DETECTOR_ID = "hang-detector"
 
@@ -176,11 +176,11 @@ class HangDetector:
                     fields["culprit_rank"] = str(gpu_rank)
         fields["mode"] = mode
         fields["run"] = str(job.run)
-        where = Location(job=name)
+        where = job_location(name)
         evidence: tuple[str, ...] = ()
         if culprit is not None:
             rank, st = culprit
-            where = Location(node=st.node, rank=rank, job=name)
+            where = job_location(name, node=st.node, rank=rank)
             evidence = (st.signal_id,) if st.signal_id else ()
             msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s); rank {rank} on "
                    f"{st.node} stopped first, at step {st.last_step}")
@@ -188,7 +188,7 @@ class HangDetector:
                 msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s); the container "
                        f"of rank {rank} on {st.node} exited at step {st.last_step} and the others wait for it")
         elif gpu_node is not None:
-            where = Location(node=gpu_node, job=name)
+            where = job_location(name, node=gpu_node)
             msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s) with GPUs busy "
                    f"in a collective; {gpu_node} has an idle GPU")
         else:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from analyzer.detectors import HANG_CAUSES
-from analyzer.records import Action, FaultClass, Finding, Location, Severity
+from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 
 DETECTOR_ID = "stack-dump"
 MAX_STACK_CHARS = 16384
@@ -149,10 +149,10 @@ class StackDetector:
                   "elsewhere": ",".join(map(str, elsewhere[:64])), "innermost_frames": summary[:4000]}
         if stopped:
             fields["stopped_ranks"] = ",".join(map(str, stopped[:64]))
-        where = Location(job=job)
+        where = job_location(job)
         if culprits:
             s = stacks[culprits[0]]
-            where = Location(node=s.node, rank=s.rank, job=job)
+            where = job_location(job, node=s.node, rank=s.rank)
             fields["culprit_rank"] = str(s.rank)
             fields["culprit_stack"] = s.text[:MAX_STACK_CHARS]
             top = frames[s.rank][0] if frames[s.rank] else "no Python frame"

@@ -17,15 +17,14 @@ straggler finding a hardware one.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
 
 from analyzer.detectors.book import JobBook, JobState
-from analyzer.records import Action, FaultClass, Finding, Location, Severity
+from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 from models.isolation import NodeOutlierModel
-from models.robust import RobustScorer
+from models.robust import MAD_TO_SIGMA, RobustScorer
 
 DETECTOR_ID = "straggler-detector"
 NODE_DETECTOR_ID = "straggler-node-detector"
@@ -50,6 +49,12 @@ class StragglerConfig:
     """Slowdown factor (rank median ÷ reference median) a straggler must reach."""
     persistence: int = 3
     """Consecutive evaluations (one per job step) a rank must stay flagged."""
+    noise_z: float = 4.0
+    """The rank's excess over the reference must be this many standard errors of a median over the window,
+    from the ranks' own step-to-step spread: contention that slows every rank unevenly is spread, not a straggler."""
+    above_fraction: float = 0.8
+    """... and the rank must be slower than that step's median rank in at least this fraction of the window's
+    steps (a slow rank is slow nearly every step; ranks slowed at random are not)."""
     replace_slowdown: float = 1.10
     """Slowdown from which a hardware-explained straggler is worth replacing the node."""
     node_min: int = 8
@@ -133,16 +138,17 @@ class StragglerDetector:
         if len(ranks) < cfg.min_ranks:
             return []
         m = min(cfg.window, min(len(job.ranks[r].times) for r in ranks))
-        if len(ranks) < 64:  # numpy's per-call overhead dominates for a few short rows
-            med = np.array([statistics.median(list(job.ranks[r].times)[-m:]) for r in ranks])
-        else:
-            med = np.median(np.array([list(job.ranks[r].times)[-m:] for r in ranks]), axis=1)
+        rows = np.array([list(job.ranks[r].times)[-m:] for r in ranks])
+        med = np.median(rows, axis=1)
         scorer = RobustScorer().fit(med)
         z, slow = scorer.score(med), scorer.ratio(med)
+        candidates = (z >= cfg.z_min) & (slow >= cfg.min_slowdown)
+        if candidates.any():
+            candidates &= self._unusual(rows, med, scorer.center_)
         out = []
         for i, r in enumerate(ranks):
             ep = self._ranks.setdefault((name, r), _Episode())
-            flagged = bool(z[i] >= cfg.z_min and slow[i] >= cfg.min_slowdown)
+            flagged = bool(candidates[i])
             if not self._step(ep, flagged, job.max_step):
                 continue
             st = job.ranks[r]
@@ -160,11 +166,21 @@ class StragglerDetector:
                 msg += f"; node: {reason}"
             out.append(Finding(
                 id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
-                severity=Severity.WARNING, hardware=hardware, where=Location(node=st.node, rank=r, job=name),
+                severity=Severity.WARNING, hardware=hardware, where=job_location(name, node=st.node, rank=r),
                 rule_id=DETECTOR_ID, recommended_action=action,
                 evidence=(st.signal_id,) if st.signal_id else (), message=msg, fields=fields,
             ))
         return out
+
+    def _unusual(self, rows: np.ndarray, med: np.ndarray, center: float) -> np.ndarray:
+        """Ranks slower than the job's own noise explains, and slower in most steps of the window."""
+        cfg = self.config
+        spread = float(np.median(MAD_TO_SIGMA * np.median(np.abs(rows - med[:, None]), axis=1)))
+        # Standard error of a median of m samples: about 1.2533 sigma / sqrt(m).
+        se = max(1.2533 * spread / np.sqrt(rows.shape[1]), 1e-12)
+        above = (rows > np.median(rows, axis=0)).mean(axis=1)
+        result: np.ndarray = ((med - center) / se >= cfg.noise_z) & (above >= cfg.above_fraction)
+        return result
 
     def _score_lags(self, name: str, job: JobState, now: float, hw: dict[str, str]) -> list[Finding]:
         """Ranks of a lock-stepped job that report every step late.
@@ -203,7 +219,7 @@ class StragglerDetector:
                 fields["node_evidence"] = reason
             out.append(Finding(
                 id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
-                severity=Severity.WARNING, hardware=reason is not None, where=Location(node=st.node, rank=r, job=name),
+                severity=Severity.WARNING, hardware=reason is not None, where=job_location(name, node=st.node, rank=r),
                 rule_id=DETECTOR_ID, recommended_action=Action.NOTIFY,
                 evidence=(st.signal_id,) if st.signal_id else (), fields=fields,
                 message=(f"rank {r} on {st.node} reports each step {excess[i]:.3f} s after its peers "
@@ -299,7 +315,7 @@ class StragglerDetector:
             ranks = sorted(r for r, s in job.ranks.items() if s.node == node and r >= 0)
             out.append(Finding(
                 id=f"{NODE_DETECTOR_ID}:{name}:{node}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
-                severity=Severity.WARNING, hardware=True, where=Location(node=node, job=name),
+                severity=Severity.WARNING, hardware=True, where=job_location(name, node=node),
                 rule_id=NODE_DETECTOR_ID, recommended_action=Action.NOTIFY, evidence=(),
                 message=f"{node} is an outlier among the {len(nodes)} nodes of {name}: {evidence[node]}",
                 fields={"node_evidence": evidence[node], "ranks": ",".join(map(str, ranks[:16])),

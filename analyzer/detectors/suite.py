@@ -68,6 +68,15 @@ class DetectorSuite:
                 self.watermark = sig.ts
         return events
 
+    def observe_digest(self, events: Sequence[ProgressEvent], metrics: Sequence[Signal], newest: float) -> None:
+        """Progress events and detector metrics another replica extracted from its batch (see ``observe``)."""
+        for ev in events:
+            self.book.observe_progress(ev)
+        for sig in metrics:
+            self.book.observe_metric(sig)
+        if newest > self.watermark:
+            self.watermark = newest
+
     def observe_findings(self, findings: Sequence[Finding]) -> None:
         """Rule findings of a batch: collective-timeout lines say which ranks were left waiting."""
         self.witnesses.observe(list(findings))
@@ -159,7 +168,7 @@ class DetectorSuite:
     def _placed(self, f: Finding) -> Finding:
         # A rank that wrote no dump has no node in the dumps; its progress reports know it.
         if f.where.node is None and f.where.rank is not None and f.where.job is not None:
-            job = self.book.jobs.get(f.where.job)
+            job = self.book.jobs.get(self.book.key_for(f.where.namespace, f.where.job))
             st = job.ranks.get(f.where.rank) if job else None
             if st is not None:
                 return replace(f, where=replace(f.where, node=st.node))

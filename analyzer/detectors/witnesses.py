@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from analyzer.detectors import HANG_CAUSES
 from analyzer.detectors.book import JobBook
-from analyzer.records import Action, FaultClass, Finding, Location, Severity
+from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 
 DETECTOR_ID = "timeout-witnesses"
 TIMEOUT_RULES = frozenset({"gloo-collective-timeout", "nccl-watchdog-timeout"})
@@ -51,11 +51,12 @@ class WitnessDetector:
         for f in findings:
             if f.rule_id not in TIMEOUT_RULES or f.where.job is None or f.where.rank is None:
                 continue
-            job = self.book.jobs.get(f.where.job)
+            key = self.book.key_for(f.where.namespace, f.where.job)
+            job = self.book.jobs.get(key)
             run = job.run if job is not None else 0
-            c = self._open.get(f.where.job)
+            c = self._open.get(key)
             if c is None or c.run != run:
-                c = self._open[f.where.job] = _Complaints(run)
+                c = self._open[key] = _Complaints(run)
             c.by_rank.setdefault(f.where.rank, f.id)
             c.last_ts = max(c.last_ts, f.ts)
 
@@ -78,7 +79,7 @@ class WitnessDetector:
             st = job.ranks[silent[0]]
             out.append(Finding(
                 id=f"{DETECTOR_ID}:{name}:{c.run}:{c.last_ts:.3f}", ts=max(now, c.last_ts), fault_class=FaultClass.HANG,
-                severity=Severity.ERROR, hardware=False, where=Location(node=st.node, rank=silent[0], job=name),
+                severity=Severity.ERROR, hardware=False, where=job_location(name, node=st.node, rank=silent[0]),
                 rule_id=DETECTOR_ID, recommended_action=Action.RESTART_JOB, evidence=tuple(c.by_rank.values())[:64],
                 message=(f"job {name}: rank(s) {','.join(map(str, silent[:8]))} never reported the collective "
                          f"timeout that {len(c.by_rank)} of its {len(known)} ranks hit: they are what the others "

@@ -215,7 +215,8 @@ class CriLogSource:
                     # A rank of a known job is gone (completed and removed, or deleted): its silence
                     # from now on is no hang.
                     signals.append(Signal(f"{self.node}/container/{'/'.join(key)}/exit", self.node, Source.CONTAINER,
-                                          self.clock(), ProgressSample(st.job, st.rank, 0, event="exit")))
+                                          self.clock(), ProgressSample(st.job, st.rank, 0, event="exit",
+                                                                         namespace=st.pod.namespace or None)))
                 continue
             if st.job is None and st.rank is None:
                 ident = self._pod_identity(st.pod)

@@ -10,6 +10,7 @@ checkpoints carry the boot id.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
@@ -18,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from collector.normalize import group_events, may_continue, strip_prefix
+from collector.normalize import group_events, may_continue, prefix_lengths, without_prefixes
 from collector.signal import LogLine, Signal, Source
 from collector.sources.base import Clock, Cursor, LinePrefilter, Poll
 from collector.sources.cri import TimestampParser
-from collector.sources.tail import RotatingFile, lines_of
+from collector.sources.tail import RotatingFile
 
 _ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
@@ -256,8 +257,28 @@ class KmsgSource:
 
 
 
+@dataclass(slots=True)
+class _Held:
+    """The lines of a kern.log event that may still grow, kept back for the next poll."""
+
+    file_id: str
+    """File they were read from."""
+    offset: int
+    """Offset of their first byte in that file."""
+    data: bytes
+    """The lines, each ending in a newline."""
+    since: float
+    """When they were first held (wall clock)."""
+
+
 class KernLogSource:
-    """Kernel messages from a syslog file such as ``/var/log/kern.log``, across rotation."""
+    """Kernel messages from a syslog file such as ``/var/log/kern.log``, across rotation.
+
+    Multi-line events are folded as ``kmend analyze`` and the ``/dev/kmsg`` source fold them (a PCIe
+    AER report with its status, mask and bit lines; an NVRM message split over lines): one event, one
+    signal, whose id is its first line's offset. An event at the end of what was read, which the next
+    lines may still extend, is held back for at most ``hold_s`` and the checkpoint stays before it.
+    """
 
     name = "kernel"
 
@@ -270,36 +291,75 @@ class KernLogSource:
         prefilter: LinePrefilter | None = None,
         clock: Clock = time.time,
         max_bytes: int = 256 * 1024,
+        hold_s: float = 1.0,
     ) -> None:
         self.node = node
         self.prefilter = prefilter
         self.clock = clock
+        self.hold_s = hold_s
+        """Longest an event that may continue waits for its next lines (wall clock)."""
         self._file = RotatingFile(path.parent, path.name, resume=resume, max_bytes=max_bytes)
         self._ts = TimestampParser()
+        self._held: _Held | None = None
 
     def poll(self) -> Poll:
-        """Lines appended since the previous call."""
+        """Events of the lines appended since the previous call."""
         chunks, gone = self._file.read()
         cursors: dict[str, Cursor] = {fp: None for fp in gone}
         signals: list[Signal] = []
-        lines = 0
-        for chunk in chunks:
+        lines = events = 0
+        now = self.clock()
+        held, self._held = self._held, None
+        for n, chunk in enumerate(chunks):
             lines += chunk.data.count(b"\n")
-            for offset, raw in lines_of(chunk, self.prefilter):
-                line = raw.decode("utf-8", "replace")
-                # RFC 3164/5424, journald short-iso/precise and dmesg stamps: the rules see the message.
-                text = line[strip_prefix(line).length:]
-                ts = self._ts(line.split(" ", 1)[0])
-                signals.append(Signal(
-                    id=f"{self.node}/kernel/{chunk.file_id}/{offset}",
-                    node=self.node,
-                    source=Source.KERNEL,
-                    ts=ts if ts is not None else self.clock(),
-                    payload=LogLine(text),
-                ))
-            cursors[chunk.file_id] = self._file.positions[chunk.file_id].cursor()
-        return Poll(signals, cursors, lines, filtered=lines - len(signals) if self.prefilter is not None else 0)
+            offset, data, since = chunk.offset, chunk.data, now
+            if held is not None and held.file_id == chunk.file_id and held.offset + len(held.data) == chunk.offset:
+                offset, data, since = held.offset, held.data + data, held.since
+            elif held is not None:
+                events += self._emit(held.file_id, held.offset, held.data, signals)
+            held = None
+            # Only the newest lines read may still grow: an older file's or chunk's last event is whole.
+            last = n == len(chunks) - 1
+            events += self._emit(chunk.file_id, offset, data, signals, hold_since=since if last else None)
+            start = self._held.offset if self._held is not None and self._held.file_id == chunk.file_id else None
+            cursors[chunk.file_id] = self._file.positions[chunk.file_id].cursor(start)
+        if held is not None:  # nothing new: the held event is emitted, or waits a little longer
+            events += self._emit(held.file_id, held.offset, held.data, signals, hold_since=held.since)
+            if self._held is None and held.file_id in self._file.positions:
+                cursors[held.file_id] = self._file.positions[held.file_id].cursor()
+        filtered = events - len(signals) if self.prefilter is not None else 0
+        return Poll(signals, cursors, lines, filtered=filtered)
+
+    def _emit(self, file_id: str, offset: int, data: bytes, out: list[Signal], *,
+              hold_since: float | None = None) -> int:
+        """Signals of the events in ``data`` (whole lines of one file) into ``out``; returns how many events.
+
+        ``hold_since``: the lines are the newest read; their last event is held back when it may continue
+        and has waited less than ``hold_s`` since then.
+        """
+        parts = data.split(b"\n")[:-1]
+        starts = list(itertools.accumulate(map(len, parts[:-1]), lambda at, n: at + n + 1, initial=0))
+        raw = [p.decode("utf-8", "replace") for p in parts]
+        lengths = prefix_lengths(raw)
+        grouped = group_events(without_prefixes(raw, lengths), raw, list(map(bool, lengths)))
+        heads, texts = grouped.lines, grouped.texts
+        if (hold_since is not None and heads and self.hold_s > 0 and may_continue(texts[-1])
+                and self.clock() - hold_since < self.hold_s):
+            cut = starts[heads[-1]]
+            self._held = _Held(file_id, offset + cut, data[cut:], hold_since)
+            heads, texts = heads[:-1], texts[:-1]
+        for head, text in zip(heads, texts, strict=True):
+            if self.prefilter is not None and not self.prefilter.matches(text):
+                continue
+            ts = self._ts(raw[head].split(" ", 1)[0])
+            out.append(Signal(
+                id=f"{self.node}/kernel/{file_id}/{offset + starts[head]}",
+                node=self.node,
+                source=Source.KERNEL,
+                ts=ts if ts is not None else self.clock(),
+                payload=LogLine(text),
+            ))
+        return len(heads)
 
     def close(self) -> None:
         """Nothing is held open between polls."""
-

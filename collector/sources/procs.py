@@ -24,6 +24,7 @@ from collector.sources.base import Clock, Poll
 class _Seen:
     rank: int
     names: tuple[str, ...]
+    namespace: str | None = None
 
 
 class ProcessExitSource:
@@ -48,7 +49,8 @@ class ProcessExitSource:
             return Poll()
         self._next = now + self.interval_s
         procs: list[TrainingProcess] = self.finder.find()
-        current = {(p.pid, p.started): _Seen(p.rank, p.names) for p in procs if p.names}
+        current = {(p.pid, p.started): _Seen(p.rank, p.names, p.pod.split("/", 1)[0] if p.pod else None)
+                   for p in procs if p.names}
         signals: list[Signal] = []
         ts = self.clock()
         for (pid, started), seen in self._running.items():
@@ -56,7 +58,8 @@ class ProcessExitSource:
                 continue
             for job in seen.names:
                 signals.append(Signal(f"{self.node}/process/{pid}/{started}/exit/{job}", self.node, Source.PROGRESS,
-                                      ts, ProgressSample(job, seen.rank, 0, event="exit")))
+                                      ts, ProgressSample(job, seen.rank, 0, event="exit",
+                                                                     namespace=seen.namespace)))
         self._running = current
         return Poll(signals=signals)
 

@@ -48,6 +48,8 @@ class _Progress(Struct, tag_field="kind", tag="progress", forbid_unknown_fields=
     step_time: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
     phases: Annotated[dict[str, Finite], Meta(max_length=64)] = {}
     event: Literal["step", "end", "exit"] = "step"
+    world_size: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    namespace: Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[^\x00/]+$")] | None = None
 
 
 class _Signal(Struct, forbid_unknown_fields=True):
@@ -120,6 +122,6 @@ def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
             payload = MetricSample(p.name, p.value, p.labels)
         else:
             assert isinstance(p, _Progress)
-            payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event)
+            payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event, p.world_size, p.namespace)
         append(Signal(s.id, s.node, s.source, s.ts, payload))
     return out, None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)

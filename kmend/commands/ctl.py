@@ -133,9 +133,17 @@ def _age(ts: Any, now: float) -> str:
 
 
 def _rc(i: Mapping[str, Any]) -> str:
-    rc = i.get("root_cause") or {}
+    rc = dict(i.get("root_cause") or {})
+    if rc.get("job") is not None and rc.get("namespace"):
+        rc["job"] = f"{rc['namespace']}/{rc['job']}"  # one name in two namespaces is two jobs
     parts = [rc.get("node")] + [f"{k}={rc[k]}" for k in ("gpu", "pci", "rank", "job") if rc.get(k) is not None]
     return " ".join(str(p) for p in parts if p) or "-"
+
+
+
+def _plan_job(p: Mapping[str, Any]) -> str:
+    job = p.get("job")
+    return "-" if not job else f"{p['namespace']}/{job}" if p.get("namespace") else str(job)
 
 
 Column = tuple[str, Callable[[Mapping[str, Any], float], Any]]
@@ -154,7 +162,7 @@ COLUMNS: dict[str, tuple[str, list[Column], list[Column]]] = {
         ("STEPS", lambda r, n: f"{sum(s['state'] in ('succeeded', 'skipped') for s in r.get('steps', []))}/"
                                f"{len(r.get('steps', []))}"),
         ("AGE", lambda r, n: _age(r.get("created_at"), n)),
-    ], [("INCIDENT", lambda r, n: r.get("incident_id")), ("JOB", lambda r, n: r.get("job") or "-")]),
+    ], [("INCIDENT", lambda r, n: r.get("incident_id")), ("JOB", lambda r, n: _plan_job(r))]),
     "nodes": ("nodes", [
         ("NAME", lambda r, n: r["name"]), ("STATE", lambda r, n: r["state"]),
         ("CORDONED", lambda r, n: "yes" if r.get("cordoned") else "no"), ("FAULT", lambda r, n: r.get("fault") or "-"),

@@ -9,6 +9,7 @@ from sqlalchemy import (
     Column,
     Float,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -150,3 +151,27 @@ metric_series = Table(
     Column("body", JSON, nullable=False),
 )
 """The last sample of each series a metric rule watches (id: sha256 of its key), written with the batch."""
+
+replica_feed = Table(
+    "replica_feed", metadata,
+    Column("seq", BigInteger().with_variant(Integer, "sqlite"), Identity(), primary_key=True),
+    Column("tx", BigInteger, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("body", JSON, nullable=False),
+    Index("ix_replica_feed_tx_seq", "tx", "seq"),
+)
+"""What each replica's ingested batch gave (findings, placements, progress): the Lease holder folds it in order.
+
+``seq`` is an identity column; ``tx`` the writing transaction's id (``pg_current_xact_id()``), so the reader
+takes only rows of transactions older than every one still running and no late commit is skipped.
+"""
+
+feed_cursor = Table(
+    "feed_cursor", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("tx", BigInteger, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("holder", String(253), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+"""How far the Lease holder has folded the feed ((tx, seq) of the last row), written with the results."""

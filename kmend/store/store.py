@@ -34,6 +34,9 @@ from kmend.store import schema
 from kmend.store.ledger import Ledger
 from kmend.store.retention import Retention, prune
 
+MIGRATION_LOCK = 0x6B6D656E64
+"""PostgreSQL advisory lock key held while the schema is migrated ("kmend")."""
+
 Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
 """Signals → (new findings, changed incidents, merges as (merged incident id, surviving id))."""
 
@@ -96,6 +99,10 @@ class Store:
         plan_stmt = self._insert(schema.plans)
         self._plan_upsert = plan_stmt.on_conflict_do_update(
             index_elements=["id"], set_={k: plan_stmt.excluded[k] for k in ("state", "mode", "updated_at", "body")})
+        inc_stmt = self._insert(schema.incidents)
+        self._incident_upsert = inc_stmt.on_conflict_do_update(
+            index_elements=["id"], set_={k: inc_stmt.excluded[k] for k in ("state", "fault_class", "hardware", "node",
+                                                                            "opened_at", "updated_at", "body")})
         step_stmt = self._insert(schema.steps)
         self._step_upsert = step_stmt.on_conflict_do_update(
             index_elements=["id"], set_={k: step_stmt.excluded[k] for k in ("state", "result", "updated_at",
@@ -117,9 +124,17 @@ class Store:
         cfg.set_main_option("script_location", str(resources.files("kmend") / "migrations"))
         cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         with self.engine.begin() as conn:
+            if self.engine.dialect.name == "postgresql":
+                # Replicas starting together: one migrates, the others wait here and find the schema at head.
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
         with self.engine.connect() as conn:
+            self._seq = conn.execute(select(func.coalesce(func.max(schema.findings.c.seq), 0))).scalar_one()
+
+    def reload_seq(self) -> None:
+        """Continue finding numbers after the newest stored one (a replica taking over from another writer)."""
+        with self._seq_lock, self.engine.connect() as conn:
             self._seq = conn.execute(select(func.coalesce(func.max(schema.findings.c.seq), 0))).scalar_one()
 
     def revision(self) -> str | None:
@@ -203,17 +218,20 @@ class Store:
             last = conn.execute(select(prod.c.seq).where(prod.c.id == producer)).scalar()
         return None if last is None else int(last)
 
-    def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]]
-               ) -> IngestOutcome:
+    def record(self, analyze: Callable[[], tuple[list[Finding], list[Incident], list[tuple[str, str]]]],
+               then: Callable[[Connection], None] | None = None) -> IngestOutcome:
         """Run a detector evaluation and store its findings and incidents in one transaction.
 
         Like ``ingest`` without signals: detector findings carry stable ids, so a
-        finding emitted again after a restart is ignored, never stored twice.
+        finding emitted again after a restart is ignored, never stored twice. ``then`` writes
+        more in the same transaction (the replica feed's cursor).
         """
         with self.engine.begin() as conn:
             found, changed, merges = analyze()
             if found or changed or merges:
                 self._write_results(conn, found, changed, merges)
+            if then is not None:
+                then(conn)
         return IngestOutcome(0, 0, tuple(found), tuple(changed))
 
     def _insert(self, table: Table) -> Any:
@@ -274,11 +292,14 @@ class Store:
                        merges: Iterable[tuple[str, str]]) -> None:
         new_ids = {f.id for f in found}
         inc_by_finding: dict[str, str] = {}
+        latest: dict[str, Incident] = {}
         for inc in changed:
-            self._upsert_incident(conn, inc)
+            latest[inc.id] = inc  # one row per incident, its last version: one statement for all of them
             for f in inc.findings:
                 if f.id in new_ids:
                     inc_by_finding[f.id] = inc.id
+        if latest:
+            conn.execute(self._incident_upsert, [self._incident_row(i) for i in latest.values()])
         rows = []
         with self._seq_lock:
             for f in found:
@@ -294,14 +315,14 @@ class Store:
             conn.execute(schema.findings.update().where(schema.findings.c.incident_id == old)
                          .values(incident_id=new))
 
+    @staticmethod
+    def _incident_row(inc: Incident) -> dict[str, Any]:
+        return {"id": inc.id, "state": inc.state.value, "fault_class": inc.fault_class.value,
+                "hardware": inc.hardware, "node": inc.root_cause.node, "opened_at": inc.opened_at,
+                "updated_at": inc.updated_at, "body": incident_to_dict(inc, findings=False)}
+
     def _upsert_incident(self, conn: Connection, inc: Incident) -> None:
-        row = {"id": inc.id, "state": inc.state.value, "fault_class": inc.fault_class.value,
-               "hardware": inc.hardware, "node": inc.root_cause.node, "opened_at": inc.opened_at,
-               "updated_at": inc.updated_at, "body": incident_to_dict(inc, findings=False)}
-        stmt = self._insert(schema.incidents).values(row)
-        stmt = stmt.on_conflict_do_update(index_elements=["id"], set_={k: stmt.excluded[k] for k in row
-                                                                        if k != "id"})
-        conn.execute(stmt)
+        conn.execute(self._incident_upsert, [self._incident_row(inc)])
 
     def save_incident(self, inc: Incident) -> None:
         """Insert or update one incident (state changes from the healer)."""

@@ -75,13 +75,13 @@ def fault_class(code: int) -> str:
 
 
 def pattern(code: int) -> str:
-    head = r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)]*)\): (?P<xid>" + str(code) + r"),"
+    head = r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)\n]*)\): (?P<xid>" + str(code) + r"),"
     if 144 <= code <= 150:
         # "<unit> Fatal|Nonfatal XC0 i0 Link 13 (0x<IntrInfo> 0x<ErrorStatus> ...)"
         return head + (r"(?: (?P<unit>[A-Z0-9_/]+)\s+(?P<fatality>Fatal|Nonfatal)\s+XC\d i\d+ Link -?\d+"
                        r" \(0x(?P<intrinfo>[0-9a-fA-F]+) 0x(?P<status>[0-9a-fA-F]+))?")
     if code == 154:
-        return head + (r" GPU recovery action changed from 0x[0-9a-fA-F]+ \([^)]*\)"
+        return head + (r" GPU recovery action changed from 0x[0-9a-fA-F]+ \([^)\n]*\)"
                        r" to 0x(?P<recovery>[0-9a-fA-F]+)")
     return head
 

@@ -1,0 +1,160 @@
+"""Job identity across namespaces: ``train`` in two namespaces is two jobs, from the agent to the healer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from analyzer.correlate import Correlator
+from analyzer.detectors.suite import DetectorSuite
+from analyzer.pipeline import Analyzer
+from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
+from analyzer.records import FaultClass, Finding
+from analyzer.rules import Rule, default_rules_dir, load_rules
+from collector.signal import LogLine, ProgressSample, Signal, Source
+from collector.spool import DiskSpool
+from collector.wire import SignalBatch, SignalIn, to_record, to_wire
+from kmend.api.signal_decode import decode_fast
+from kmend.cli import build_parser
+from kmend.commands.agent import AgentSettings, build_agent
+from tests.builders import nccl_timeout
+from tests.conftest import free_port
+from tests.healing import Harness, incident
+
+PROGRESS = load_progress_rules([default_progress_rules_dir()])
+RULES = load_rules([default_rules_dir()])
+T0 = 1_800_000_000.0
+UID = "8d7c6b5a-0000-1111-2222-"
+
+
+def _stamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+
+
+def _write_pods(pods_root: Path, *, stuck_ns: str, stop_at: int, last: int) -> None:
+    """Job ``train`` (two ranks, one pod each) in namespaces ``a`` and ``b``; `stuck_ns` stops at `stop_at`."""
+    for ns in ("a", "b"):
+        for rank in range(2):
+            d = pods_root / f"{ns}_train-worker-{rank}_{UID}{ns}{rank:011d}" / "trainer"
+            d.mkdir(parents=True)
+            end = stop_at if ns == stuck_ns else last
+            (d / "0.log").write_text("".join(
+                f"{_stamp(T0 + s + 0.01 * rank)} stdout F [rank{rank}]: step {s} loss 0.5\n"
+                for s in range(1, end + 1)))
+
+
+def _analyze(signals: list[Signal], until: float) -> list[Finding]:
+    """The signals through the analyzer in time order, evaluated once a second as the service does."""
+    an = Analyzer(RULES, correlator=Correlator(), detectors=DetectorSuite(PROGRESS))
+    signals = sorted(signals, key=lambda s: s.ts)
+    out: list[Finding] = []
+    t, i = signals[0].ts, 0
+    while t <= until:
+        j = i
+        while j < len(signals) and signals[j].ts <= t:
+            j += 1
+        if j > i:
+            out += an.process(signals[i:j])[0]
+            i = j
+        out += an.evaluate(t)[0]
+        t += 1.0
+    return out
+
+
+def _spooled(state: Path) -> list[dict[str, Any]]:
+    spool = DiskSpool(state / "spool")
+    out: list[dict[str, Any]] = []
+    while (batch := spool.peek()) is not None:
+        out.extend(json.loads(gzip.decompress(spool.read(batch)))["signals"])
+        spool.pop(batch)
+    return out
+
+
+def test_a_hang_in_one_namespace_is_found_while_the_same_job_name_runs_on_in_another(tmp_path: Path) -> None:
+    _write_pods(tmp_path / "pods", stuck_ns="a", stop_at=40, last=100)
+    # A port nobody listens on: every batch lands in the spool, as the service would receive it.
+    settings = AgentSettings(node="gpu-1", state_dir=tmp_path / "state", pods_root=tmp_path / "pods", kernel="off",
+                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False,
+                             service_url=f"http://127.0.0.1:{free_port()}")
+    agent = build_agent(settings)
+    agent.run_once()
+    agent.flush()
+    agent.flush()
+    wire = _spooled(settings.state_dir)
+    assert len(wire) == 2 * 40 + 2 * 100
+    signals = [to_record(SignalBatch.model_validate({"signals": [s]}).signals[0]) for s in wire]
+    found = [f for f in _analyze(signals, until=T0 + 100) if f.fault_class is FaultClass.HANG]
+    assert found, "the stalled job in namespace a was not seen: its name's steps in namespace b hid it"
+    assert {(f.where.namespace, f.where.job) for f in found} == {("a", "train")}
+    assert "job a/train" in found[0].message
+    assert found[0].ts - (T0 + 40) <= 20.0
+
+
+def test_kmend_analyze_tells_the_two_jobs_apart_in_a_bundle(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    _write_pods(tmp_path / "bundle" / "gpu-1" / "var" / "log" / "pods", stuck_ns="b", stop_at=30, last=90)
+    args = build_parser().parse_args(["analyze", str(tmp_path / "bundle"), "--format", "json"])
+    assert args.func(args) == 4
+    out = json.loads(capsys.readouterr().out)
+    hangs = [i for i in out["incidents"] if i["fault_class"] == "hang"]
+    assert [(i["root_cause"]["namespace"], i["root_cause"]["job"]) for i in hangs] == [("b", "train")]
+
+    args = build_parser().parse_args(["analyze", str(tmp_path / "bundle")])
+    args.func(args)
+    assert "b/train" in capsys.readouterr().out
+
+
+def _progress(namespace: str | None) -> dict[str, Any]:
+    sig = Signal("n1/progress/1", "n1", Source.PROGRESS, T0, ProgressSample("train", 3, 7, 0.5, namespace=namespace))
+    return to_wire(sig)
+
+
+def test_the_wire_carries_the_namespace_and_accepts_older_agents_without_it() -> None:
+    for ns in ("a", None):
+        body = _progress(ns)
+        assert ("namespace" in body["payload"]) is (ns is not None)
+        slow = to_record(SignalIn.model_validate(body))
+        fast = decode_fast(json.dumps({"signals": [body]}).encode())
+        assert fast is not None
+        for sig in (slow, fast[0][0]):
+            assert isinstance(sig.payload, ProgressSample)
+            assert (sig.payload.job, sig.payload.namespace) == ("train", ns)
+    bad = _progress("a")
+    bad["payload"]["namespace"] = "a/b"
+    with pytest.raises(ValidationError, match="namespace"):
+        SignalIn.model_validate(bad)
+
+
+def test_the_healer_acts_on_the_namespace_the_incident_names(shipped_rules: list[Rule], tmp_path: Path) -> None:
+    h = Harness(tmp_path, job_nodes=4)  # "llama" in namespace "training" on gpu-node-00..03
+    h.workloads.add_pod("z-team", "llama-worker-0", node="gpu-node-09", labels={
+        "training.kubeflow.org/job-name": "llama", "training.kubeflow.org/replica-index": "0"})
+    line = LogLine(nccl_timeout(0), namespace="z-team", pod="llama-worker-0", container="trainer", job="llama",
+                   rank=0)
+    inc = incident(shipped_rules, [Signal("gpu-node-09/container/1", "gpu-node-09", Source.CONTAINER, T0, line)])
+    assert (inc.root_cause.namespace, inc.root_cause.job, inc.hardware) == ("z-team", "llama", False)
+    [plan] = h.healing().heal_once([inc], lambda *_: None)
+    assert plan.namespace == "z-team"
+    assert {s.params["namespace"] for s in plan.steps if s.params.get("job")} <= {"z-team"}
+
+
+def test_kmend_get_names_the_job_with_its_namespace() -> None:
+    from kmend.commands.ctl import COLUMNS, table
+
+    _, cols, wide = COLUMNS["incidents"]
+    row = {"id": "inc-1", "state": "open", "fault_class": "hang", "hardware": False,
+           "recommended_action": "restart_job", "opened_at": T0, "jobs": ["b/train"],
+           "root_cause": {"node": "gpu-1", "gpu": None, "pci": None, "port": None, "rank": 3, "job": "train",
+                          "namespace": "b"}}
+    out = table([row], [*cols, *wide], T0 + 60)
+    assert "job=b/train" in out and "rank=3" in out
+    _, plan_cols, plan_wide = COLUMNS["plans"]
+    plan = {"id": "plan-1", "state": "pending", "mode": "approval", "policy": "p", "node": "gpu-1", "steps": [],
+            "created_at": T0, "incident_id": "inc-1", "job": "train", "namespace": "b"}
+    assert "b/train" in table([plan], [*plan_cols, *plan_wide], T0 + 60)
