@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from analyzer.records import Action, FaultClass, Severity
-from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs
+from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs, load_yaml
 from collector.exposition import exposition_samples
 
 
@@ -290,7 +290,7 @@ def load_signal_pack(path: Path) -> list[_Loaded]:
     """Load and validate one metric/alert pack; raises RuleError on the first bad rule."""
     name = str(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise RuleError(name, None, "<yaml>", str(exc)) from exc
     if not isinstance(doc, dict) or not (set(doc) & {"metric_rules", "alert_rules"}):

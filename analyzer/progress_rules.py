@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs
+from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs, load_yaml
 
 
 class ProgressKind(StrEnum):
@@ -164,7 +164,7 @@ def load_progress_pack(path: Path) -> list[ProgressRule]:
     """Load and validate one progress pack; raises RuleError on the first bad rule."""
     name = str(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise RuleError(name, None, "<yaml>", str(exc)) from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):

@@ -7,7 +7,8 @@ changes (DCGM temperature, power, utilisation per GPU), progress samples, and 0.
 (Xid 13/31/48/63/94 and NCCL errors); in the middle, a flood: an Xid 79 on one node of a 64-node
 job, then an NCCL timeout from each of its 512 ranks, shipped by their own nodes.
 `--clients` threads post the batches as fast as the service answers; the figures are
-signals/s over the whole run and the p50/p99 of each POST's latency.
+signals/s over the whole run and the p50/p99 of each POST's latency; and the server's own CPU seconds over
+the run (from /proc), so signals per CPU-second, which a loaded shared machine disturbs far less.
 
 In the same run, the same bodies go to the HTTP floor: a bare uvicorn endpoint in its own
 process that reads and gunzips each body and answers (no parsing, no analysis). Both servers
@@ -178,9 +179,15 @@ def _pin(core: int | None) -> list[str]:
     return ["taskset", "-c", str(core)] if core is not None and shutil.which("taskset") else []
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def server(argv: list[str], port: int, log: Path, env: dict[str, str], ready: str) -> Iterator[str]:
-    """A server process; yields its URL once `ready` answers 200."""
+def server(argv: list[str], port: int, log: Path, env: dict[str, str], ready: str) -> Iterator[tuple[str, int]]:
+    """A server process; yields its URL and pid once `ready` answers 200."""
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=os.environ | env)
@@ -197,7 +204,7 @@ def server(argv: list[str], port: int, log: Path, env: dict[str, str], ready: st
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{argv} not ready")
                 time.sleep(0.1)
-            yield url
+            yield url, proc.pid
         finally:
             proc.send_signal(signal.SIGINT)  # as Ctrl-C: uvicorn (and a profiler wrapped around it) end cleanly
             try:
@@ -292,8 +299,10 @@ def run(args: argparse.Namespace) -> None:
         env = {"KMEND_SYMPTOM_SETTLE_S": "3600", "KMEND_SIM_NODES": "16", "KMEND_STORE_LINES": args.store_lines}
         argv = [*_pin(args.core), sys.executable, "-m", "kmend.cli", "serve", "--port", str(port),
                 "--database-url", f"sqlite:///{db}", "--cluster", "sim"]
-        with server(argv, port, Path(tmp) / "serve.log", env, "/readyz") as url:
+        with server(argv, port, Path(tmp) / "serve.log", env, "/readyz") as (url, pid):
+            cpu0 = cpu_s(pid)
             dt, lat, errors = post_all(url, bodies, args.clients, None)
+            cpu = cpu_s(pid) - cpu0
             incidents = httpx.get(url + "/v1/incidents", params={"node": "gpu-node-0323"}, timeout=60).json()
             flood = [httpx.get(f"{url}/v1/incidents/{i['id']}", timeout=60).json() for i in incidents["incidents"]
                      if i.get("fault_class") == "gpu_lost"]
@@ -301,18 +310,21 @@ def run(args: argparse.Namespace) -> None:
         floor_port = free_port()
         with server([*_pin(args.core), sys.executable, str(Path(__file__).resolve()), "--floor-server",
                      str(floor_port)], floor_port, Path(tmp) / "floor.log",
-                    {"PYTHONPATH": str(REPO)}, "/") as url:
+                    {"PYTHONPATH": str(REPO)}, "/") as (url, pid):
+            cpu0 = cpu_s(pid)
             fdt, flat, ferrors = post_all(url, bodies, args.clients, None)
+            fcpu = cpu_s(pid) - cpu0
     print(json.dumps({
         "bench": "ingest_http", "signals": n, "batches": len(bodies), "signals_per_batch": n // len(bodies),
         "fault_lines": faults, "gzip_kb_per_batch": round(sum(sizes) / len(sizes) / 1024, 1),
         "clients": args.clients, "pinned_core": args.core, "history_findings": args.history,
         "fill_s": round(fill_s, 1),
         "kmend": {"seconds": round(dt, 2), "signals_per_s": round(n / dt), "p50_ms": round(_pct(lat, 0.5) * 1000),
-                  "p99_ms": round(_pct(lat, 0.99) * 1000), "errors": errors},
+                  "p99_ms": round(_pct(lat, 0.99) * 1000), "errors": errors, "cpu_s": round(cpu, 2),
+                  "signals_per_cpu_s": round(n / cpu) if cpu else None},
         "floor": {"seconds": round(fdt, 2), "signals_per_s": round(n / fdt),
                   "p50_ms": round(_pct(flat, 0.5) * 1000), "p99_ms": round(_pct(flat, 0.99) * 1000),
-                  "errors": ferrors},
+                  "errors": ferrors, "cpu_s": round(fcpu, 2), "signals_per_cpu_s": round(n / fcpu) if fcpu else None},
         "kmend_over_floor": round(fdt / dt, 3),
         "replayed_batches_per_s": round(50 / replay_dt), "store_lines": args.store_lines,
         "flood_incidents": len(flood),

@@ -42,8 +42,10 @@ def _setup(tmp: Path, name: str, job_nodes: int) -> tuple[SimWorld, object]:
         z.writestr("archive/data.pkl", b"weights")
     world = SimWorld(nodes=NODES, spares=32, nodes_per_leaf=NODES_PER_LEAF,
                      job=JobSpec("llama-405b", job_nodes, checkpoint_path=str(tmp / "ck")) if job_nodes else None)
+    # The control plane mounts the checkpoint volume (KMEND_CHECKPOINT_ROOTS): without it, discovery is asked
+    # of the node agent of a running pod of the job, and no agent runs here.
     settings = Settings(database_url=f"sqlite:///{tmp / (name + '.db')}", cluster="sim",
-                        policy_file=tmp / "policy.yaml", symptom_settle_s=0)
+                        policy_file=tmp / "policy.yaml", symptom_settle_s=0, checkpoint_roots=[tmp / "ck"])
     kmend = make_kmend(settings, cluster=world.cluster, workloads=world.workloads, notifier=LogNotifier())
     kmend.start()
     return world, kmend
@@ -66,7 +68,10 @@ def recovery(tmp: Path) -> dict[str, object]:
         if done:
             break
     seconds = time.perf_counter() - t0
-    assert done is not None
+    if done is None:
+        plans = [(p.id, p.state.value, [(s.kind.value, s.state.value, s.result) for s in p.steps if s.result])
+                 for p in kmend.store.list_plans()]  # type: ignore[attr-defined]
+        raise SystemExit(f"no restarted job within 60 s: {plans}")
     spare = done.outputs()["spare"]
     pods = world.workloads.list_pods(namespace="training")
     on_spare = sum(p.node == spare for p in pods)

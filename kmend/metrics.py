@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 
 
 class Metrics:
@@ -11,6 +11,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # The process's CPU seconds, memory and garbage collections, as every Python exporter shows them.
+        GCCollector(registry=r)
+        ProcessCollector(registry=r)
         self.signals = Counter("kmend_ingest_signals_total", "Signals accepted for the first time, by source",
                                ["source"], registry=r)
         self.duplicates = Counter("kmend_ingest_duplicate_signals_total",

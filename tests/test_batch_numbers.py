@@ -21,6 +21,7 @@ from analyzer.rules import Rule
 from collector.metrics import AgentMetrics
 from collector.shipper import Shipper, encode_batch
 from collector.spool import DiskSpool
+from collector.wire import to_wire
 from kmend.store import Store, schema
 from tests.agent_helpers import TOKEN, Service
 from tests.builders import XID79, container, kernel
@@ -55,8 +56,11 @@ def test_a_replayed_numbered_batch_is_recognised_by_its_number(database_url: str
     with store.engine.connect() as conn:
         marks = dict(conn.execute(select(schema.producers.c.id, schema.producers.c.seq)).all())
     assert marks == {"gpu-node-01/a1": 2, "gpu-node-01/b2": 1}
-    # Every line a row, or only the Xid line its finding names.
+    # Every line a row, or only the Xid line its finding names; the row holds the line as the agent sent it.
     assert store.count_signals() == (13 if lines == "all" else 1)
+    with store.engine.connect() as conn:
+        [body] = conn.execute(select(schema.signals.c.body).where(schema.signals.c.id == batch[-1].id)).scalars()
+    assert body == to_wire(batch[-1])
     # An unnumbered batch (an older agent) is still deduplicated by signal id.
     old = _lines(22, 20)
     assert store.ingest(old, analyse).accepted == 2
@@ -132,3 +136,34 @@ def test_a_batch_whose_answer_was_lost_is_spooled_whole_with_its_number(tmp_path
         t.join(10)
     [doc] = [json.loads(gzip.decompress(spool.read(b))) for b in [spool.peek()] if b is not None]
     assert (doc["seq"], len(doc["signals"])) == (1, 4)  # the same number: its replay is recognised
+
+
+def test_a_replay_is_answered_from_its_number_without_decoding_its_signals(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import kmend.api.signals as ingest_api
+
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    body = encode_batch([*_lines(2000), kernel("gpu-node-01", XID79, ts=T0 + 3000)], producer="gpu-node-01/p9", seq=3)
+    with _service(tmp_path) as svc, httpx.Client(base_url=svc.url, headers=headers, timeout=60) as c:
+        first = c.post("/v1/signals", content=body).json()
+        assert (first["accepted"], first["findings"]) == (2001, 1)
+        decoded: list[int] = []
+        real = ingest_api.decode_fast
+        monkeypatch.setattr(ingest_api, "decode_fast", lambda b: decoded.append(1) or real(b))
+        analysed: list[int] = []
+        process = svc.kmend.analyzer.process
+        monkeypatch.setattr(svc.kmend.analyzer, "process", lambda s: analysed.append(1) or process(s))
+        for seq in (3, 2):  # the same batch again, and an older one
+            again = c.post("/v1/signals", content=encode_batch(_lines(2000), producer="gpu-node-01/p9", seq=seq)
+                           if seq == 2 else body).json()
+            assert again == {"accepted": 0, "duplicates": 2000 + (seq == 3), "findings": 0, "incidents": []}
+        # Neither was decoded into signals nor analysed: the number alone answered it.
+        assert decoded == [] and analysed == []
+        assert svc.kmend.metrics.registry.get_sample_value("kmend_ingest_duplicate_signals_total") == 4001
+        # The next number is taken in full, and a replay whose body is not a numbered batch still gets its 422.
+        assert c.post("/v1/signals", content=encode_batch(_lines(5), producer="gpu-node-01/p9", seq=4)
+                      ).json()["accepted"] == 5
+        assert decoded == [1] and analysed == [1]
+        r = c.post("/v1/signals", json={"signals": [{"id": "x"}], "producer": "gpu-node-01/p9", "seq": "x"},
+                   headers={"Content-Encoding": "identity"})
+        assert r.status_code == 422 and "seq" in r.text

@@ -247,3 +247,31 @@ def test_a_plan_waiting_on_its_drain_is_asked_every_second_not_backed_off(shippe
         h.clock.advance(0.5)
         asked += any(p.id == plan.id for p in heal.heal_once([], _no_state))
     assert asked >= 15, asked
+
+
+def test_a_round_reads_only_the_waiting_plans_that_are_due(shipped_rules: list[Rule], tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=100)
+    nodes = [f"gpu-node-{i:02d}" for i in range(8)]  # below the breaker
+    _waiting_plans(h, shipped_rules, nodes)
+    heal = h.healing()
+    heal.heal_once([], _no_state)  # a new process asks each waiting plan once, then backs off
+    read: list[str] = []
+    get_plan, list_plans = h.store.get_plan, h.store.list_plans
+
+    def counted_get(plan_id: str) -> Any:
+        read.append(plan_id)
+        return get_plan(plan_id)
+
+    def counted_list(**kwargs: Any) -> Any:
+        out = list_plans(**kwargs)
+        read.extend(p.id for p in out)
+        return out
+
+    h.store.get_plan = counted_get  # type: ignore[method-assign]
+    h.store.list_plans = counted_list  # type: ignore[method-assign]
+    for _ in range(20):  # ten seconds of rounds (each ingested batch with an incident also wakes one)
+        h.clock.advance(0.5)
+        heal.heal_once([], _no_state)
+    # Reading every running plan and its journal on every round was 8 plans x 20 rounds; the plans waiting
+    # on a repair are due a few times in ten seconds, and only those are read.
+    assert len(read) <= 4 * len(nodes), len(read)

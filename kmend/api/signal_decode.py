@@ -76,6 +76,31 @@ Origin = tuple[str, int]
 _DECODER = msgspec.json.Decoder(_Batch)
 
 
+class _Head(Struct):
+    signals: list[msgspec.Raw] = []
+    producer: str | None = None
+    seq: int | None = None
+
+
+_HEAD = msgspec.json.Decoder(_Head)
+
+
+def peek_origin(body: bytes) -> tuple[Origin, int] | None:
+    """A numbered batch's (producer, seq) and how many signals it holds, without decoding the signals.
+
+    The signals are only delimited (msgspec skips their contents at C speed, about 30 times faster than
+    decoding them), so a replay can be answered before any of its signals is built. None when the body
+    is not a numbered batch this can read: the full decode then accepts or refuses it.
+    """
+    try:
+        head = _HEAD.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if head.producer is None or head.seq is None or not head.producer or head.seq < 1:
+        return None
+    return (head.producer, head.seq), len(head.signals)
+
+
 def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
     """The batch's signals and origin, or None when the body needs the pydantic model (to accept or refuse it)."""
     if b"\\u0000" in body:

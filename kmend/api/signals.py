@@ -15,9 +15,10 @@ from collector.signal import Signal
 from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN, bound_time
 from collector.wire import SignalBatch, to_record
 from kmend.api.deps import IngestAuth, KmendDep, SettingsDep
-from kmend.api.signal_decode import decode_fast
+from kmend.api.signal_decode import decode_fast, peek_origin
 from kmend.service import Kmend
 from kmend.settings import Settings
+from kmend.store import IngestOutcome
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 
@@ -79,6 +80,17 @@ async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDe
     """Store and analyze a batch of signals. Repeated ids, and a numbered batch at or below its producer's last
     number, are accepted and ignored."""
     body = await read_body(request, settings.max_batch_bytes)
+    # Decoding, analysis and the store all take CPU or block: off the event loop, so /healthz and
+    # other requests go on while a batch is taken.
+    return await run_in_threadpool(_take, body, kmend, settings)
+
+
+def _take(body: bytes, kmend: Kmend, settings: Settings) -> Any:
+    head = peek_origin(body)
+    if head is not None:  # numbered: a replay is answered from its number before any signal is decoded
+        replay = kmend.replayed(*head)
+        if replay is not None:
+            return _answer(replay)
     decoded = decode_fast(body)
     if decoded is None:  # pydantic accepts what msgspec is stricter about, or names the bad field
         try:
@@ -88,9 +100,11 @@ async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDe
             return validation_response(exc)
         origin = None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)
         decoded = ([to_record(s) for s in batch.signals], origin)
-    # Store and analysis block (database, lock): off the event loop, so /healthz and other requests go on.
     signals = server_timed(decoded[0], kmend, settings)
-    outcome = await run_in_threadpool(kmend.ingest, signals, decoded[1])
+    return _answer(kmend.ingest(signals, decoded[1]))
+
+
+def _answer(outcome: IngestOutcome) -> dict[str, Any]:
     return {
         "accepted": outcome.accepted,
         "duplicates": outcome.duplicates,

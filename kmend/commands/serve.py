@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -57,6 +58,25 @@ def _database_error(settings: Settings, exc: Exception) -> ConfigError:
     return ConfigError(f"KMEND_DATABASE_URL={redact_url(settings.database_url)!r}: cannot use the database: {first}")
 
 
+GC_THRESHOLDS = (50_000, 20, 100)
+"""Young collections every 50,000 net allocations instead of 700 (the interpreter's default)."""
+
+
+def tune_gc() -> None:
+    """Fewer, cheaper garbage collections for a process that builds thousands of short-lived objects per batch.
+
+    A 1,000-signal batch counts some 6,000 container allocations against the threshold; at the default
+    the collector ran 8 times per batch, and every tenth run also scanned the older generations, where
+    the service's long-lived state is (rules, compiled databases, restored incidents): about a quarter
+    of ingest's CPU in-process. What start-up built is moved out of the collector's sight (``gc.freeze``:
+    it lives as long as the process), and young collections run every 50,000 allocations. Reference
+    counting still frees almost everything at once; the collector only finds cycles, which wait longer.
+    (No full collection first: it cost 0.07 CPU-s of start-up for a few cycles left from loading.)
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
     # Imported here so that `kmend agent` on every node does not load the web stack.
@@ -76,5 +96,6 @@ def run(args: argparse.Namespace) -> int:
     host = listen_host(settings)  # loopback only (and a loud warning) while no token is configured
     kmend = build_service(settings)
     app = create_app(kmend, settings, token_reviewer=make_token_reviewer(settings))
+    tune_gc()
     uvicorn.run(app, host=host, port=settings.port, log_level="info")
     return 0
