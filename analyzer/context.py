@@ -9,6 +9,7 @@ tick, an agent's flush). Time comes only from the signals, so a replay gives the
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -18,6 +19,8 @@ from collector.signal import LogLine, Signal
 
 _KEEP = 8
 """Context sightings remembered per rule and node (the newest)."""
+_PAYLOAD = operator.attrgetter("payload")
+_TEXT = operator.attrgetter("text")
 
 
 class ContextGate:
@@ -60,16 +63,27 @@ class ContextGate:
         return any(abs(ts - f.ts) <= ctx.window for ts in self._seen.get((f.rule_id, f.where.node), ()))
 
     def _observe(self, signals: Sequence[Signal]) -> None:
-        logs = [s for s in signals if isinstance(s.payload, LogLine)]
-        if not logs:
+        if not signals:
             return
-        # One pass over the batch per pattern in C; lines are looked at one by one only on a hit.
-        joined = "\n".join(s.payload.text for s in logs if isinstance(s.payload, LogLine))
+        payloads = list(map(_PAYLOAD, signals))
+        if set(map(type, payloads)) == {LogLine}:
+            texts: list[str] = list(map(_TEXT, payloads))
+            nodes = None
+        else:
+            picked = [(s.node, p.text, s.ts) for s, p in zip(signals, payloads, strict=True) if isinstance(p, LogLine)]
+            texts = [t for _, t, _ in picked]
+            nodes = picked
+        if not texts:
+            return
+        # One pass over the batch per rule in C (a pattern that starts with a literal is a memchr scan, an
+        # alternation of several rules' patterns is not); lines are looked at one by one only on a hit.
+        joined = "\n".join(texts)
         for rid, ctx in self._ctx.items():
             if ctx.regex.search(joined) is None:
                 continue
-            for s in logs:
-                if isinstance(s.payload, LogLine) and ctx.regex.search(s.payload.text) is not None:
-                    seen = self._seen[(rid, s.node)]
-                    seen.append(s.ts)
+            for i, t in enumerate(texts):
+                if ctx.regex.search(t) is not None:
+                    node, ts = (signals[i].node, signals[i].ts) if nodes is None else (nodes[i][0], nodes[i][2])
+                    seen = self._seen[(rid, node)]
+                    seen.append(ts)
                     del seen[:-_KEEP]
