@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from analyzer.explain import RuleTester
 from analyzer.matcher import FastMatcher
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
@@ -139,3 +140,12 @@ def test_a_bad_benign_context_fails_the_pack_naming_the_field(tmp_path: Path, be
                                                                field: str) -> None:
     with pytest.raises(RuleError, match=re.escape(f"field '{field}'")):
         load_pack(_pack(tmp_path, benign_when))
+
+
+def test_rules_test_says_which_context_silences_a_rule_and_what_a_context_line_is_for() -> None:
+    tester = RuleTester(RULES)
+    exit_out = tester.explain(_line("a", 1.0, EXITED, 1), source_given=False)
+    assert [m["rule_id"] for m in exit_out["matches"]] == ["kubelet-crash-loop"]
+    assert any("kubelet-crash-loop is silent when" in n and "30s" in n for n in exit_out["notes"])
+    stop_out = tester.explain(_line("a", 1.0, STOPPING, 2), source_given=False)
+    assert stop_out["matches"] == [] and any("benign context for kubelet-crash-loop" in n for n in stop_out["notes"])
