@@ -77,7 +77,8 @@ def test_no_rule_learns_from_a_held_out_line(entries: list[CorpusEntry]) -> None
     heldout = [e.text for e in entries if e.split == "heldout"]
     leaked = []
     for rule in load_rules([default_rules_dir()]):
-        for line in (*rule.examples, *rule.counter_examples):
+        context = rule.benign_when.examples if rule.benign_when else ()
+        for line in (*rule.examples, *rule.counter_examples, *context):
             for part in (p.strip() for p in line.splitlines() if p.strip()):
                 if any(part in t for t in heldout) and not any(part in t for t in dev):
                     leaked.append(rule.id)
