@@ -236,7 +236,8 @@ def score(outcomes: Sequence[Outcome]) -> dict[str, Any]:
 
 
 def by_class(faults: Sequence[Outcome]) -> dict[str, dict[str, int]]:
-    """Per expected fault class: how many excerpts, how many got that class, how many got no incident.
+    """Per expected fault class: how many excerpts, how many got that class, how many got no incident, and of
+    those labelled hardware or application, how many got that call.
 
     Counts only, so a held-out family can be told weak without reading its excerpts.
     """
@@ -244,10 +245,15 @@ def by_class(faults: Sequence[Outcome]) -> dict[str, dict[str, int]]:
     for o in faults:
         if o.entry.fault_class is None:
             continue
-        row = out.setdefault(o.entry.fault_class.value, {"faults": 0, "class_ok": 0, "no_incident": 0})
+        row = out.setdefault(o.entry.fault_class.value,
+                             {"faults": 0, "class_ok": 0, "no_incident": 0, "hardware_labelled": 0,
+                              "hardware_ok": 0})
         row["faults"] += 1
         row["class_ok"] += o.class_ok
         row["no_incident"] += o.fault_class is None
+        if o.entry.hardware is not None:
+            row["hardware_labelled"] += 1
+            row["hardware_ok"] += o.hardware_ok
     return dict(sorted(out.items()))
 
 

@@ -97,6 +97,13 @@ class RuleTester:
             groups: dict[str, str | None] = {k: v for k, v in m.groupdict().items() if v is not None}
             matches.append({"rule_id": rule.id, "pack": rule.pack, "sources": sorted(rule.sources) or ["any"],
                             "extracted": groups, "finding": finding_view(finding_from_match(rule, sig, line, groups))})
+            if rule.benign_when is not None:
+                notes.append(f"{rule.id} is silent when a line matching {' or '.join(rule.benign_when.patterns)!r} "
+                             f"comes within {rule.benign_when.window:g}s on the same node: {rule.benign_when.why}")
+        for rule in self.rules:
+            if rule.benign_when is not None and rule.benign_when.regex.search(line.text) is not None:
+                notes.append(f"benign context for {rule.id} within {rule.benign_when.window:g}s on this node: "
+                             f"{rule.benign_when.why}")
         out: dict[str, Any] = {"kind": "log", "source": sig.source.value, "event": line.text, "matches": matches}
         if not matches:
             out["nearest"] = self.nearest(line.text)

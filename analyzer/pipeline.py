@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 
+from analyzer.context import ContextGate
 from analyzer.correlate import Correlator
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.digest import BatchDigest, detector_metrics
@@ -63,6 +64,8 @@ class Analyzer:
         # A compiled matcher without that state can be shared by analyzers of many small bundles.
         self.matcher = matcher or FastMatcher(self.rules, backend=backend, signals=signals)
         self.escalator = Escalator(self.rules)
+        # Findings that context on their node explains (a deliberate kubelet restart) are dropped.
+        self.context = ContextGate(self.rules)
         # Informational rules that escalate on a rate (corrected PCIe/EDAC errors): one line below
         # the rate is recorded as a finding but opens no incident; only the escalation does.
         self._below_rate = frozenset(
@@ -87,6 +90,8 @@ class Analyzer:
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals) if lines is None else self.matcher.match_lines(signals, lines)
+        if self.context.active:
+            found = self.context.filter(signals, found)
         if self.one_finding_per_signal and len(found) > 1:
             found = strongest_per_signal(found)
         if self.detectors is not None and found:
@@ -115,6 +120,8 @@ class Analyzer:
         Escalation, placements, the job book and the correlator are the leader's (``fold``).
         """
         found = self.matcher.match(signals)
+        if self.context.active:
+            found = self.context.filter(signals, found)
         if self.one_finding_per_signal and len(found) > 1:
             found = strongest_per_signal(found)
         newest = max(map(_TS, signals)) if signals else 0.0

@@ -85,6 +85,38 @@ class EscalationSpec(BaseModel):
         return self
 
 
+class BenignWhenSpec(BaseModel):
+    """Context that makes a finding benign: a line on the same node within `window` seconds, before or after.
+
+    systemd's ``Stopping ... kubelet`` around ``kubelet.service: main process exited`` is a deliberate
+    restart, not a crash; fabric manager failing on a host that reports no NVSwitch has nothing to manage.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context: tuple[str, ...] = Field(min_length=1, description="patterns (RE2, one line each)")
+    window: float = Field(gt=0, description="seconds either side of the finding")
+    why: str = Field(min_length=10)
+    examples: tuple[str, ...] = Field(min_length=1, description="real context lines that must match")
+    counter_examples: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BenignContext:
+    """A compiled ``benign_when``: any of its patterns seen near a finding on the same node silences it."""
+
+    patterns: tuple[str, ...]
+    """The context patterns as written (the node-side prefilter must ship these lines too)."""
+    regex: LinearRegex
+    """The context patterns as one alternation (RE2)."""
+    window: float
+    """Seconds either side of the finding."""
+    why: str
+    """Why the context makes the finding benign (shown by ``kmend rules test``)."""
+    examples: tuple[str, ...]
+    """Real context lines that must match."""
+
+
 class ActionFromSpec(BaseModel):
     """The action is named in the line itself (e.g. Xid 154): field value -> action."""
 
@@ -147,6 +179,7 @@ class RuleSpec(BaseModel):
     recommended_action: Action
     symptom_of: tuple[FaultClass, ...] = ()
     escalation: EscalationSpec | None = None
+    benign_when: BenignWhenSpec | None = None
     action_from: ActionFromSpec | None = None
     decode: DecodeSpec | None = None
     fields: dict[str, str] = Field(default_factory=dict)
@@ -200,6 +233,8 @@ class Rule:
     """Real lines that must not match."""
     references: tuple[str, ...]
     """Where the examples come from."""
+    benign_when: BenignContext | None = None
+    """Context on the same node that makes a finding of this rule benign (it is then dropped)."""
 
     def applies_to(self, source: str) -> bool:
         """Whether the rule looks at lines of this signal source."""
@@ -319,7 +354,25 @@ def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
         action_from=_action_map(path, spec, regex), decoder=_decoder(path, spec, regex),
         fields=tuple(sorted(spec.fields.items())), examples=tuple(examples),
         counter_examples=tuple(counter), references=spec.references,
+        benign_when=_benign_context(path, spec),
     )
+
+
+def _benign_context(path: str, spec: RuleSpec) -> BenignContext | None:
+    ctx = spec.benign_when
+    if ctx is None:
+        return None
+    for i, pat in enumerate(ctx.context):
+        compile_linear(path, spec.id, pat, field=f"benign_when.context[{i}]")
+    regex = compile_linear(path, spec.id, "|".join(f"(?:{p})" for p in ctx.context), field="benign_when.context",
+                           multiline=True)
+    for i, line in enumerate(ctx.examples):
+        if not regex.search(line):
+            raise RuleError(path, spec.id, f"benign_when.examples[{i}]", f"matches no context pattern: {line!r}")
+    for i, line in enumerate(ctx.counter_examples):
+        if regex.search(line):
+            raise RuleError(path, spec.id, f"benign_when.counter_examples[{i}]", f"matches: {line!r}")
+    return BenignContext(patterns=ctx.context, regex=regex, window=ctx.window, why=ctx.why, examples=ctx.examples)
 
 
 def _field_path(err: ErrorDetails) -> str:
@@ -389,6 +442,16 @@ def load_rules(paths: Iterable[Path]) -> list[Rule]:
             if other not in seen:
                 raise RuleError(seen[rule.id], rule.id, "escalation.together_with", f"unknown rule {other!r}")
     return rules
+
+
+def context_patterns(rules: Iterable[Rule], source: str | None = None) -> list[str]:
+    """Patterns of the lines that make findings benign (``benign_when``), of rules that look at ``source``.
+
+    A prefilter or a bundle reader keeps these lines as it keeps the rules' own: without them the
+    context never reaches the analyzer.
+    """
+    return [p for r in rules if r.benign_when is not None and (source is None or r.applies_to(source))
+            for p in r.benign_when.patterns]
 
 
 def default_rules_dir() -> Path:

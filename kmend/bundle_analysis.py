@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from analyzer.context import ContextGate
 from analyzer.correlate import Correlator
 from analyzer.detectors.flight_recorder import DumpError
 from analyzer.detectors.suite import DetectorSuite
@@ -70,9 +71,12 @@ def _progress_lines(texts: Sequence[str], rules: Sequence[ProgressRule]) -> set[
 
 
 def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence[ProgressRule] = (),
-            ) -> tuple[list[Signal], set[tuple[str, str]], float | None]:
+            context: ContextGate | None = None) -> tuple[list[Signal], set[tuple[str, str]], float | None]:
     """Signals for the lines some rule matches, the (job key, node) placements the bundle shows,
-    and the bundle's last timestamp (None for an empty bundle)."""
+    and the bundle's last timestamp (None for an empty bundle).
+
+    ``context``: lines that make a rule's finding benign are kept too, or the analyzer never sees them.
+    """
     signals: list[Signal] = []
     placements: set[tuple[str, str]] = set()
     ends: list[tuple[float, LogFile]] = []
@@ -89,6 +93,8 @@ def collect(source: BundleSource, engine: MultiMatcher, progress_rules: Sequence
                 ends.append((max(s.ts for s in metric), f))
             continue
         hit_lines: set[int] = _progress_lines(fl.texts, progress_rules)
+        if context is not None:
+            hit_lines |= context.lines_of(fl.texts)
         for start in range(0, len(fl.texts), BATCH_LINES):
             for hit in engine.scan(fl.texts[start:start + BATCH_LINES]):
                 hit_lines.add(start + hit.line)
@@ -255,7 +261,7 @@ def diagnose_source(source: BundleSource, rules: Sequence[Rule], matcher: FastMa
         xid_rules=rules)
     analyzer = Analyzer(rules, correlator=correlator, detectors=detectors, matcher=bundle_matcher,
                         one_finding_per_signal=True)
-    signals, placements, last_ts = collect(source, matcher.engine, progress_rules)
+    signals, placements, last_ts = collect(source, matcher.engine, progress_rules, analyzer.context)
     for job, node in sorted(placements):
         correlator.observe_placement(job, node)
     replay(analyzer, signals)

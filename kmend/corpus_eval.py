@@ -102,13 +102,14 @@ def render_text(result: dict[str, Any]) -> str:
         lines.append(f"{k:<{width}}  " + "  ".join(f"{_cell(result[n].get(k)):>8}" for n in names))
     classes = sorted({c for n in names for c in result[n].get("by_class", {})})
     if classes:
-        lines += ["", "by class: right class / faults (no incident)"]
+        lines += ["", "by class: right class / faults (no incident) hw right call / labelled"]
         for c in classes:
             cells = []
             for n in names:
                 row = result[n].get("by_class", {}).get(c)
-                cells.append(f"{row['class_ok']}/{row['faults']} ({row['no_incident']})" if row else "-")
-            lines.append(f"{c:<{width}}  " + "  ".join(f"{cell:>14}" for cell in cells))
+                cells.append(f"{row['class_ok']}/{row['faults']} ({row['no_incident']}) hw "
+                             f"{row['hardware_ok']}/{row['hardware_labelled']}" if row else "-")
+            lines.append(f"{c:<{width}}  " + "  ".join(f"{cell:>22}" for cell in cells))
     for n in names:
         listed = result[n].get("misses", [])
         if isinstance(listed, str):

@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.exact import hyperscan_pattern
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from analyzer.rules import RuleError, default_rules_dir, load_rules
+from analyzer.rules import RuleError, context_patterns, default_rules_dir, load_rules
 from collector.agent import Agent
 from collector.checkpoint import CheckpointStore
 from collector.container_fs import FindCheckpointHandler
@@ -153,7 +153,9 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
         raise ConfigError(f"KMEND_AGENT_RULES_DIRS / KMEND_AGENT_PROGRESS_RULES_DIRS: {exc}") from None
     # As the service's hyperscan database holds them: "$" also before a "\r" (CRLF files), "\S" also the
     # vertical tab. A prefilter may only widen what the rules match, never narrow it.
-    patterns = [r.pattern for r in rules] + [r.regex.pattern for r in progress] + list(settings.prefilter_extra)
+    # Context lines that make a finding benign (a requested kubelet stop) travel with the rules' own.
+    patterns = ([r.pattern for r in rules] + context_patterns(rules) + [r.regex.pattern for r in progress]
+                + list(settings.prefilter_extra))
     return RegexPrefilter([hyperscan_pattern(p) for p in patterns])
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from analyzer.rules import default_rules_dir, load_rules
+from analyzer.rules import context_patterns, default_rules_dir, load_rules
 from collector.fluentbit import FluentBitOptions, dump_config, dump_configmap, render_config
 
 
@@ -38,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     rules = load_rules(args.rules or [default_rules_dir()])
     progress = load_progress_rules([default_progress_rules_dir()])
     container = [] if args.no_grep else ([r.pattern for r in rules if r.applies_to("container")]
-                                         + [r.regex.pattern for r in progress])
-    kernel = [] if args.no_grep else [r.pattern for r in rules if r.applies_to("kernel")]
+                                         + context_patterns(rules, "container") + [r.regex.pattern for r in progress])
+    kernel = [] if args.no_grep else ([r.pattern for r in rules if r.applies_to("kernel")]
+                                      + context_patterns(rules, "kernel"))
     opts = FluentBitOptions(service_host=args.service_host, service_port=args.service_port, tls=args.tls,
                             token_env=args.token_env or None, kmsg=not args.no_kmsg)
     text = dump_config(render_config(opts, container_patterns=container, kernel_patterns=kernel))
