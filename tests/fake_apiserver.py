@@ -92,6 +92,14 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _send_text(self, code: int, text: str) -> None:
+                data = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _handle(self, method: str) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"null")
@@ -112,15 +120,13 @@ class FakeApiServer:
                 if watching and path == "/api/v1/nodes":
                     server.node_watch.serve(self, query)
                     return
-                crd = re.fullmatch(r"/apis/([^/]+)/([^/]+)/podgroups", path) if watching else None
-                if crd is not None:
-                    # A watch of a kind whose CRD is not installed is refused before any stream starts.
-                    group_watch = server.podgroup_watch.get((crd.group(1), crd.group(2)))
-                    if group_watch is None:
-                        self._send(*server._status(404, "NotFound", f"the server could not find the requested "
-                                                                    f"resource {path}"))
-                        return
-                    group_watch.serve(self, query)
+                crd = re.match(r"/apis/([^/]+)/([^/]+)/(?:namespaces/[^/]+/)?podgroups(?:/|$)", path)
+                if crd is not None and (crd.group(1), crd.group(2)) not in server.podgroup_watch:
+                    # An API group no CRD serves is unknown to the server's router: a plain-text 404, not a Status.
+                    self._send_text(404, "404 page not found\n")
+                    return
+                if crd is not None and watching:
+                    server.podgroup_watch[(crd.group(1), crd.group(2))].serve(self, query)
                     return
                 ctype = self.headers.get("Content-Type", "")
                 refused, warning = fake_schema.field_check(method, path, body, ctype, query)
