@@ -398,10 +398,11 @@ def main() -> None:
             print(json.dumps(fn(t)), flush=True)
         if real and (not args.only or "cordon" in args.only):
             (Path(d) / "real").mkdir()
-            lat, ack, floor = cordon_samples_real(args.real_faults, Path(d) / "real")
+            lat, ack, floor, floor_seen = cordon_samples_real(args.real_faults, Path(d) / "real")
             print(json.dumps({"bench": "signal_to_cordon", "faults": args.real_faults,
                               **describe_real(real_kubeconfig()), **_percentiles("", lat),
-                              **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor)}), flush=True)
+                              **_percentiles("ingest_ack_", ack), **_percentiles("floor_patch_", floor),
+                              **_percentiles("floor_patch_seen_", floor_seen)}), flush=True)
 
 
 if __name__ == "__main__":

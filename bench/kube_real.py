@@ -27,8 +27,9 @@ def real_kubeconfig() -> str:
     return os.environ.get("KMEND_TEST_KUBECONFIG", "")
 
 
-def cordon_samples_real(faults: int, tmp: Path) -> tuple[list[float], list[float], list[float]]:
-    """Signal → cordon visible, ingest answer, and a plain client's cordon round trip, in ms."""
+def cordon_samples_real(faults: int, tmp: Path) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Signal → cordon visible, ingest answer, a plain client's cordon round trip, and that cordon until the same
+    watch sees it (the floor on the same yardstick as kmend's figure), in ms."""
     from kubernetes import client, config, watch
 
     from bench.kube_path import _kubeconfig, _stop, _wait, _xid, serve_kube
@@ -58,12 +59,16 @@ def cordon_samples_real(faults: int, tmp: Path) -> tuple[list[float], list[float
             core.patch_node_status(name, {"status": {"allocatable": GPU, "capacity": GPU, "conditions": [
                 {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}]}})
             core.patch_node(name, {"spec": {"taints": []}})
-        floor = []
-        for i in range(faults):
-            t0 = time.monotonic()
-            core.patch_node(names[i * 11 + 1], {"spec": {"unschedulable": True}})
-            floor.append((time.monotonic() - t0) * 1000)
         threading.Thread(target=watch_cordons, daemon=True).start()
+        time.sleep(1.0)  # the watch is open before the first cordon
+        floor, floor_seen = [], []
+        for i in range(faults):
+            node = names[i * 11 + 1]
+            t0 = time.monotonic()
+            core.patch_node(node, {"spec": {"unschedulable": True}})
+            floor.append((time.monotonic() - t0) * 1000)
+            _wait(lambda n=node: n in seen)
+            floor_seen.append((seen[node] - t0) * 1000)
         cfg = admin.configuration
         kubeconfig = _kubeconfig(tmp, cfg.host, token, cfg.ssl_ca_cert)
         proc, url = serve_kube(kubeconfig, tmp)
@@ -79,7 +84,7 @@ def cordon_samples_real(faults: int, tmp: Path) -> tuple[list[float], list[float
                     lat.append((seen[node] - t0) * 1000)
         finally:
             _stop(proc)
-        return lat, ack, floor
+        return lat, ack, floor, floor_seen
     finally:
         stop.set()
         for name in names:

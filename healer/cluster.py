@@ -127,8 +127,14 @@ class Cluster(Protocol):
         """One node."""
         ...
 
+    def peek_node(self, name: str) -> NodeInfo:
+        """One node as last seen, without asking the server where a watch keeps it (it may trail the server by the
+        watch's delay): for decisions whose writes check the node again, as ``cordon`` does."""
+        ...
+
     def cordon(self, name: str) -> None:
-        """Mark the node unschedulable."""
+        """Mark the node unschedulable; ``PermanentError`` for a node labelled ``kmend.io/managed=false``, judged
+        on the very version of the node the write applies to."""
         ...
 
     def uncordon(self, name: str) -> None:

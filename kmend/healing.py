@@ -317,7 +317,8 @@ class Healing:
         opted_out = ""
         if node:
             try:
-                info = self.ctx.cluster.get_node(node)
+                # From the node watch where there is one: the cordon checks the opt-out again on the version it writes.
+                info = self.ctx.cluster.peek_node(node)
                 labels = dict(info.labels)
                 if info.labels.get(MANAGED_LABEL) == "false":
                     opted_out = f"node {node} has {MANAGED_LABEL}=false"

@@ -22,8 +22,10 @@ from healer.cluster import (
     Condition,
     NodeInfo,
     NotFoundError,
+    PermanentError,
     Taint,
 )
+from healer.keys import MANAGED_LABEL
 
 NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
 
@@ -104,7 +106,13 @@ class SimCluster:
         with self._lock:
             return self._info(self._get(name))
 
+    def peek_node(self, name: str) -> NodeInfo:
+        return self.get_node(name)
+
     def cordon(self, name: str) -> None:
+        with self._lock:
+            if self._get(name).labels.get(MANAGED_LABEL) == "false":
+                raise PermanentError(f"node {name} has {MANAGED_LABEL}=false: not cordoned")
         self._set_unschedulable(name, True, "cordon")
 
     def uncordon(self, name: str) -> None:

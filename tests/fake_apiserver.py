@@ -8,9 +8,9 @@ with ``generateName`` (422 for one about a Node outside ``default``); pods liste
 with field selectors and ``limit``/``continue``
 pages, bound through ``pods/{name}/binding`` (409 when bound, terminating or
 the UID precondition fails), deleted by setting ``deletionTimestamp`` while
-bound; pod and node lists carry the current ``resourceVersion`` and ``watch=true`` streams
-their changes from it (``tests/fake_watch.py``); PodGroup custom objects once their
-CRD is installed. Errors can be queued per method and path to test retries. What
+bound; pod, node and PodGroup lists carry the current ``resourceVersion`` and ``watch=true`` streams
+their changes from it (``tests/fake_watch.py``); PodGroup custom objects once their CRD is installed
+(lists and watches of an uninstalled one answer 404). Errors can be queued per method and path to test retries. What
 the Workloads port uses (pod create/patch/eviction, ConfigMaps, Jobs, budgets,
 other custom objects) is in ``tests/fake_apiserver_objects.py``, pods and bindings in ``tests/fake_pods.py``,
 RBAC in ``tests/fake_rbac.py``. Every write is field-validated against the v1.36 schema by its
@@ -66,6 +66,8 @@ class FakeApiServer:
         """Pod watch history and stream controls (``end_streams``, ``expire``)."""
         self.node_watch = PodWatchLog(self._lock, kind="Node")
         """Node watch history and stream controls, as for pods."""
+        self.podgroup_watch: dict[tuple[str, str], PodWatchLog] = {}
+        """PodGroup watch history and stream controls per installed ``(group, version)``, as for pods."""
         self._rv = self._versions()
         self.workload = ObjectRoutes(self.pods, lambda: str(next(self._rv)), _now, self.watch.record)
         server = self
@@ -90,6 +92,14 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _send_text(self, code: int, text: str) -> None:
+                data = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _handle(self, method: str) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"null")
@@ -109,6 +119,14 @@ class FakeApiServer:
                     return
                 if watching and path == "/api/v1/nodes":
                     server.node_watch.serve(self, query)
+                    return
+                crd = re.match(r"/apis/([^/]+)/([^/]+)/(?:namespaces/[^/]+/)?podgroups(?:/|$)", path)
+                if crd is not None and (crd.group(1), crd.group(2)) not in server.podgroup_watch:
+                    # An API group no CRD serves is unknown to the server's router: a plain-text 404, not a Status.
+                    self._send_text(404, "404 page not found\n")
+                    return
+                if crd is not None and watching:
+                    server.podgroup_watch[(crd.group(1), crd.group(2))].serve(self, query)
                     return
                 ctype = self.headers.get("Content-Type", "")
                 refused, warning = fake_schema.field_check(method, path, body, ctype, query)
@@ -154,6 +172,8 @@ class FakeApiServer:
     def _versions(self) -> Iterator[int]:
         for n in itertools.count(100):
             self.watch.version = self.node_watch.version = n
+            for group_watch in self.podgroup_watch.values():
+                group_watch.version = n
             yield n
 
     def pod_changed(self, kind: str, pod: dict[str, Any]) -> None:
@@ -247,16 +267,36 @@ class FakeApiServer:
             self.workload.run_disruption_controller()
 
     def install_crd(self, group: str, version: str) -> None:
-        """Serve ``podgroups`` of ``group/version`` (an uninstalled CRD answers 404)."""
-        self.custom.setdefault((group, version), {})
+        """Serve ``podgroups`` of ``group/version`` (an uninstalled CRD answers 404, to lists and watches)."""
+        with self._lock:
+            self.custom.setdefault((group, version), {})
+            if (group, version) not in self.podgroup_watch:
+                group_watch = PodWatchLog(self._lock, kind="PodGroup", api_version=f"{group}/{version}")
+                group_watch.version = self.watch.version
+                self.podgroup_watch[(group, version)] = group_watch
 
     def add_custom(self, group: str, version: str, namespace: str, name: str, spec: dict[str, Any]) -> None:
-        """Create a PodGroup of an installed CRD."""
-        self.custom[(group, version)][(namespace, name)] = {
-            "apiVersion": f"{group}/{version}", "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "annotations": {},
-                         "creationTimestamp": _now(), "resourceVersion": str(next(self._rv))},
-            "spec": spec}
+        """Create a PodGroup of an installed CRD (as a training operator would)."""
+        with self._lock:
+            group_obj = {
+                "apiVersion": f"{group}/{version}", "kind": "PodGroup",
+                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()), "annotations": {},
+                             "creationTimestamp": _now(), "resourceVersion": str(next(self._rv))},
+                "spec": spec}
+            self.custom[(group, version)][(namespace, name)] = group_obj
+            self.podgroup_watch[(group, version)].record("ADDED", group_obj)
+
+    def remove_custom(self, group: str, version: str, namespace: str, name: str) -> None:
+        """Delete a PodGroup (its job was deleted)."""
+        with self._lock:
+            group_obj = self.custom[(group, version)].pop((namespace, name))
+            group_obj["metadata"]["resourceVersion"] = str(next(self._rv))
+            self.podgroup_watch[(group, version)].record("DELETED", group_obj)
+
+    def podgroup_changed(self, group: str, version: str, group_obj: dict[str, Any]) -> None:
+        """A write to a PodGroup: new resourceVersion, and the event for watchers. Caller holds the lock."""
+        group_obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.podgroup_watch[(group, version)].record("MODIFIED", group_obj)
 
     def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
         """Create a Ready node directly (as if a kubelet had registered it)."""

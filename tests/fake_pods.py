@@ -142,7 +142,7 @@ def pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: 
             return _status(404, "NotFound", f"the server could not find the requested resource {path}")
         if m.group(4) is None and method == "GET":
             items = [g for (ns, _), g in sorted(store.items()) if m.group(3) in (None, ns)]
-            return _page(items, "PodGroupList", query)
+            return _page(items, "PodGroupList", query, server.watch.version)
         group = store.get((m.group(3) or "", m.group(4) or ""))
         if group is None:
             return _status(404, "NotFound", f'podgroups.{m.group(1)} "{m.group(4)}" not found')
@@ -164,6 +164,7 @@ def pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: 
                 notes = {**group["metadata"].get("annotations", {}),
                          **((body or {}).get("metadata") or {}).get("annotations", {})}
                 group["metadata"]["annotations"] = {k: v for k, v in notes.items() if v is not None}
+            server.podgroup_changed(m.group(1), m.group(2), group)
             return 200, copy.deepcopy(group)
         if method == "GET":
             return 200, copy.deepcopy(group)

@@ -1,4 +1,4 @@
-"""Streaming pod watches for the loopback fake API server (``tests/fake_apiserver.py``).
+"""Streaming watches (pods, nodes, PodGroups) for the loopback fake API server (``tests/fake_apiserver.py``).
 
 As kube-apiserver does: ``GET /api/v1/pods?watch=true&resourceVersion=N`` answers 200 with a
 chunked stream of JSON lines ``{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}``
@@ -30,10 +30,13 @@ class PodWatchLog:
     The condition shares the server's lock: changes are recorded by code that holds it already.
     """
 
-    def __init__(self, lock: threading.Lock, *, bookmark_s: float = 0.1, kind: str = "Pod") -> None:
+    def __init__(self, lock: threading.Lock, *, bookmark_s: float = 0.1, kind: str = "Pod",
+                 api_version: str = "v1") -> None:
         self.changed = threading.Condition(lock)
         self.kind = kind
         """The kind the stream's BOOKMARK events name."""
+        self.api_version = api_version
+        """The apiVersion the stream's BOOKMARK events name (``group/version`` for a custom resource)."""
         self.bookmark_s = bookmark_s
         """Seconds an idle stream waits before a BOOKMARK."""
         self.events: list[tuple[int, str, Json]] = []
@@ -111,7 +114,8 @@ class PodWatchLog:
                     return
                 if not pending and bookmarks:
                     self._send(handler, {"type": "BOOKMARK", "object": {
-                        "kind": self.kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(now_version)}}})
+                        "kind": self.kind, "apiVersion": self.api_version,
+                        "metadata": {"resourceVersion": str(now_version)}}})
                     pos = max(pos, now_version)
         except OSError:
             return  # the client went away

@@ -263,9 +263,11 @@ def test_cluster_role_grants_exactly_the_verbs_the_adapters_use(world: World, tm
     pod = pod_record(world.api.add_pod(NS, "gang-0", scheduler="kmend"))
     sched.snapshot()
     sched.list_pending("kmend")
-    sched.changes("")  # the informer: one list, then a pod watch from a background thread
-    deadline = time.monotonic() + 10
-    while ("WATCH", "/api/v1/pods") not in world.api.requests and time.monotonic() < deadline:
+    sched.changes("")  # the informer and caches: one list each, then watches from background threads
+    watches = {("WATCH", "/api/v1/pods"), ("WATCH", "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"),
+               ("WATCH", "/apis/scheduling.volcano.sh/v1beta1/podgroups")}
+    deadline = time.monotonic() + 30
+    while not watches <= set(world.api.requests) and time.monotonic() < deadline:
         time.sleep(0.02)
     sched.bind(pod, "gpu-2")
     sched.delete_pod(pod)

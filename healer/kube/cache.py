@@ -72,6 +72,7 @@ class ListWatchCache(Generic[T]):
         self.absent = False
         """The server answered 404 for the kind: it reads as empty."""
         self._store: dict[tuple[str, str], T] = {}
+        self._versions: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,6 +106,13 @@ class ListWatchCache(Generic[T]):
         with self._lock:
             return list(self._store.values())
 
+    def get(self, namespace: str, name: str) -> tuple[T, str] | None:
+        """One object as last seen and its ``resourceVersion`` (for a write preconditioned on it), or None."""
+        with self._lock:
+            key = (namespace, name)
+            found = self._store.get(key)
+            return None if found is None else (found, self._versions.get(key, ""))
+
     # The thread.
 
     def _run(self) -> None:
@@ -137,6 +145,7 @@ class ListWatchCache(Generic[T]):
 
     def _list(self) -> None:
         found: dict[tuple[str, str], T] = {}
+        versions: dict[tuple[str, str], str] = {}
         token: str | None = None
         version = ""
         try:
@@ -149,6 +158,7 @@ class ListWatchCache(Generic[T]):
                 version = version or meta.get("resourceVersion") or ""
                 for obj in body.get("items") or ():
                     found[_key(obj)] = self.convert(obj)
+                    versions[_key(obj)] = (obj.get("metadata") or {}).get("resourceVersion") or ""
                 token = meta.get("continue")
                 if not token:
                     break
@@ -156,11 +166,12 @@ class ListWatchCache(Generic[T]):
             if exc.status != 404:
                 raise
             self.absent = True
-            found, version = {}, ""
+            found, versions, version = {}, {}, ""
         else:
             self.absent = False
         with self._lock:
             self._store = found
+            self._versions = versions
             self.resource_version = version
             self.lists += 1
         if self.on_change is not None:
@@ -194,8 +205,10 @@ class ListWatchCache(Generic[T]):
             with self._lock:
                 if converted is None:
                     self._store.pop(key, None)
+                    self._versions.pop(key, None)
                 else:
                     self._store[key] = converted
+                    self._versions[key] = version or ""
             if self.on_change is not None:
                 self.on_change()
         if version:

@@ -32,6 +32,7 @@ from healer.cluster import (
     Taint,
     TemporaryError,
 )
+from healer.keys import MANAGED_LABEL
 from healer.kube.cache import ListWatchCache
 
 T = TypeVar("T")
@@ -173,9 +174,42 @@ class KubeCluster:
         resp: Any = call_api(self.core.read_node, name, _request_timeout=self.timeout, _preload_content=False)
         return self._info_json(json.loads(resp.data))
 
+    def peek_node(self, name: str) -> NodeInfo:
+        """From the node cache when it has the node (no request), else read as ``get_node``."""
+        if self.node_cache:
+            seen = self._cached_nodes().get("", name)
+            if seen is not None:
+                return seen[0]
+        return self.get_node(name)
+
     def cordon(self, name: str) -> None:
-        call_api(self.core.patch_node, name, {"spec": {"unschedulable": True}}, field_validation=STRICT,
-                 _request_timeout=self.timeout)
+        """One PATCH preconditioned on the version of the node the opt-out was checked on.
+
+        The version comes from the node cache when it has one (no read before the write); a node changed since
+        (409) is read again, checked again and patched at its new version, so a node opted out a moment ago is
+        never cordoned on a stale view of it."""
+        seen = self._cached_nodes().get("", name) if self.node_cache else None
+        for _ in range(_CONFLICT_RETRIES):
+            if seen is None or not seen[1]:
+                resp: Any = call_api(self.core.read_node, name, _request_timeout=self.timeout, _preload_content=False)
+                obj = json.loads(resp.data)
+                seen = self._info_json(obj), (obj.get("metadata") or {}).get("resourceVersion") or ""
+            info, version = seen
+            if info.labels.get(MANAGED_LABEL) == "false":
+                raise PermanentError(f"node {name} has {MANAGED_LABEL}=false: not cordoned")
+            body = {"metadata": {"resourceVersion": version}, "spec": {"unschedulable": True}}
+            try:
+                answer: Any = self.core.patch_node(name, body, field_validation=STRICT,
+                                                   _request_timeout=self.timeout, _preload_content=False)
+                answer.data  # noqa: B018 - read to the end, unparsed: the connection goes back to the pool
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise translate(exc) from exc
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise translate(exc) from exc
+            seen = None  # the node changed since that version: read it and check again
+        raise TemporaryError(f"node {name} kept changing")
 
     def uncordon(self, name: str) -> None:
         call_api(self.core.patch_node, name, {"spec": {"unschedulable": False}}, field_validation=STRICT,

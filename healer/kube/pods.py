@@ -8,6 +8,7 @@ at all (the client's V1Binding model rejects what the API server returns).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -170,6 +171,10 @@ def pod_group_record(obj: Json, kind: PodGroupKind) -> PodGroupRecord:
         annotations=dict(meta.get("annotations") or {}), kind=kind)
 
 
+def _group_record(obj: Json, *, kind: PodGroupKind) -> PodGroupRecord:
+    return pod_group_record(obj, kind)
+
+
 class KubePodScheduling:
     """PodScheduling against a real API server; see the Protocol for the guarantees."""
 
@@ -186,6 +191,7 @@ class KubePodScheduling:
                                                "watch_timeout_s": watch_timeout_s}
         self._informer: PodInformer | None = None
         self._nodes: ListWatchCache[NodeRecord] | None = None
+        self._groups: list[ListWatchCache[PodGroupRecord]] = []
         self.on_change: Callable[[PodRecord], None] | None = None
         """Told of each pod the watch sees added or changed (the scheduler wakes on a pending pod of its own)."""
         self._cursor = ""
@@ -245,10 +251,22 @@ class KubePodScheduling:
             groups.extend(pod_group_record(o, kind) for o in body.get("items") or ())
         return tuple(groups)
 
-    def changes(self, cursor: str) -> PodChanges:
-        """Pods from the informer's change log, nodes from their watch-fed cache; PodGroups listed.
+    def _cache(self, name: str, list_fn: Callable[..., Any], convert: Callable[[Json], Any],
+               args: tuple[Any, ...] = ()) -> ListWatchCache[Any]:
+        cache: ListWatchCache[Any] = ListWatchCache(
+            name, list_fn, convert, args=args, page_size=self.page_size, timeout_s=self.timeout_s,
+            **self._watch_options)
+        try:
+            cache.start()
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise map_error(exc) from exc
+        return cache
 
-        The first call lists every pod and node and starts the watches. A cursor other than the one the
+    def changes(self, cursor: str) -> PodChanges:
+        """Pods from the informer's change log, nodes and PodGroups from their watch-fed caches.
+
+        The first call lists every pod, node and PodGroup (of both APIs; a CRD not installed reads as none
+        until it is) and starts the watches. A cursor other than the one the
         previous call returned, or a watch that had to list again, gives a full list. Changes
         reach the log as the watch delivers them, as with any informer: a write made a moment
         ago may show in the next call rather than this one.
@@ -262,32 +280,35 @@ class KubePodScheduling:
                 raise map_error(exc) from exc
             self._informer = informer
         if self._nodes is None:
-            nodes = ListWatchCache("node", self.core.list_node, node_record, page_size=self.page_size,
-                                   timeout_s=self.timeout_s, read_timeout_s=self._watch_options["read_timeout_s"],
-                                   watch_timeout_s=self._watch_options["watch_timeout_s"])
-            try:
-                nodes.start()
-            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-                raise map_error(exc) from exc
-            self._nodes = nodes
+            self._nodes = self._cache("node", self.core.list_node, node_record)
+        if not self._groups:
+            for kind, (group, version) in _GROUP_APIS.items():
+                self._groups.append(self._cache(f"podgroup.{group}", self.custom.list_cluster_custom_object,
+                                                functools.partial(_group_record, kind=kind),
+                                                (group, version, "podgroups")))
         drained = self._informer.drain(everything=cursor != self._cursor)
         self._reads += 1
         self._cursor = f"{id(self._informer):x}.{self._reads}"
         snap_nodes = tuple(sorted(self._nodes.items(), key=lambda n: n.name))
-        return PodChanges(self._cursor, drained.full, drained.pods, drained.gone, snap_nodes, self._pod_groups())
+        groups = tuple(sorted((g for cache in self._groups for g in cache.items()),
+                              key=lambda g: (g.kind, g.namespace, g.name)))
+        return PodChanges(self._cursor, drained.full, drained.pods, drained.gone, snap_nodes, groups)
 
     def _changed(self, pod: PodRecord) -> None:
         if self.on_change is not None:
             self.on_change(pod)
 
     def close(self) -> None:
-        """Stop the pod and node watches (a later ``changes`` lists and watches again)."""
+        """Stop the pod, node and PodGroup watches (a later ``changes`` lists and watches again)."""
         if self._informer is not None:
             self._informer.stop()
             self._informer = None
         if self._nodes is not None:
             self._nodes.stop()
             self._nodes = None
+        for cache in self._groups:
+            cache.stop()
+        self._groups = []
 
     def bind(self, pod: PodRecord, node: str) -> None:
         """POST pods/{name}/binding with the pod's UID as precondition."""
