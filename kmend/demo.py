@@ -170,8 +170,8 @@ def _quarantined(client: httpx.Client, node: str) -> bool:
 
 def _pending_request(client: httpx.Client, node: str) -> dict[str, Any] | None:
     reqs: list[dict[str, Any]] = client.get(f"/v1/nodes/{node}/requests").json()["requests"]
-    # The platform answers repairs; stack_dump requests are the node agent's (there is none in the demo).
-    repairs = [r for r in reqs if r["kind"] != "stack_dump"]
+    # The platform answers repairs; stack dumps and GPU reports are the node agent's (there is none in the demo).
+    repairs = [r for r in reqs if r["kind"] in ("replace", "reboot", "reset_gpu")]
     return repairs[0] if repairs else None
 
 
