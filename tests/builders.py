@@ -15,11 +15,11 @@ def kernel(node: str, text: str, ts: float = 1_700_000_000.0) -> Signal:
 
 
 def container(node: str, text: str, *, job: str | None = "job-a", rank: int | None = None,
-              ts: float = 1_700_000_000.0, pod: str | None = None) -> Signal:
-    """A container-log line from a training pod on `node`."""
+              ts: float = 1_700_000_000.0, pod: str | None = None, namespace: str = "training") -> Signal:
+    """A container-log line from a training pod on `node` (in `namespace`, as the CRI log path names it)."""
     pod = pod or f"{job or 'pod'}-{node}"
     return Signal(f"{node}/container/{pod}/{next(_seq)}", node, Source.CONTAINER, ts,
-                  LogLine(text, namespace="training", pod=pod, container="trainer", job=job, rank=rank))
+                  LogLine(text, namespace=namespace, pod=pod, container="trainer", job=job, rank=rank))
 
 
 def nccl_timeout(rank: int, seq: int = 1580) -> str:

@@ -237,7 +237,8 @@ def test_serve_on_a_real_api_server_heals_an_xid79_end_to_end(admin: Any, tmp_pa
         wait_ready(url, proc, log=log)
         bad = world.node(1)
         r = httpx.post(f"{url}/v1/signals", headers={"authorization": "Bearer ingest-t"}, timeout=10, json={
-            "signals": [to_wire(container(bad, "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
+            "signals": [to_wire(container(bad, "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1",
+                                               namespace=namespace)),
                         to_wire(kernel(bad, XID79))]})
         assert r.status_code == 200, r.text
         _until("the node cordoned, tainted, labelled and conditioned", lambda: (
