@@ -126,6 +126,7 @@ def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics
                                   config=SchedulerConfig(scheduler_name=settings.scheduler_name),
                                   metrics=SchedulerMetrics(metrics.registry))
         kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
+        kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
         return scheduler
     return GangScheduler(port=port, is_leader=leader.is_leader, clock=time.time,
                          config=SchedulerConfig(scheduler_name=settings.scheduler_name),

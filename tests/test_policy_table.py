@@ -82,7 +82,7 @@ TABLE = [
     ("no-space-left", "storage", False, "notify", "application-fault/notify", "auto"),
     ("nccl-watchdog-timeout", "nccl_timeout", False, "restart_job", "application-fault/notify", "auto"),
     ("nccl-internal-error", "nccl_error", False, "notify", "application-fault/notify", "auto"),
-    ("nccl-ib-retry-exceeded", "network", True, "replace_node", "network-approval/replace-node", "approval"),
+    ("nccl-ib-retry-exceeded", "network", True, "notify", "network-approval/replace-node", "approval"),
     ("mlx5-command-timeout", "network", True, "replace_node", "network-approval/replace-node", "approval"),
     ("xid-136", "nvlink", True, "reset_gpu", "nvlink-reset-approval/reset-gpu", "approval"),
     ("xid-54", "gpu_thermal_power", True, "replace_node", "soft-evidence-approval/replace-node", "approval"),

@@ -39,6 +39,7 @@ def test_a_gang_arriving_through_the_watch_is_bound_at_once_not_at_the_next_peri
     port = KubePodScheduling(client.ApiClient(client.Configuration(host=api.url)), clock=time.time)
     sched = GangScheduler(port=port, is_leader=lambda: True, clock=time.time)
     port.on_change = sched.notice  # as kmend/wiring.py connects them
+    port.on_groups_change = sched.wake
     stop = threading.Event()
     thread = threading.Thread(target=sched.run, args=(stop, 60.0), daemon=True)
     thread.start()

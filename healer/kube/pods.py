@@ -193,6 +193,8 @@ class KubePodScheduling:
         self._nodes: ListWatchCache[NodeRecord] | None = None
         self._groups: list[ListWatchCache[PodGroupRecord]] = []
         self.on_change: Callable[[PodRecord], None] | None = None
+        self.on_groups_change: Callable[[], None] | None = None
+        """Called when a PodGroup arrives or changes (its watch): a gang whose pods came first can be placed now."""
         """Told of each pod the watch sees added or changed (the scheduler wakes on a pending pod of its own)."""
         self._cursor = ""
         self._reads = 0
@@ -252,10 +254,10 @@ class KubePodScheduling:
         return tuple(groups)
 
     def _cache(self, name: str, list_fn: Callable[..., Any], convert: Callable[[Json], Any],
-               args: tuple[Any, ...] = ()) -> ListWatchCache[Any]:
+               args: tuple[Any, ...] = (), on_change: Callable[[], None] | None = None) -> ListWatchCache[Any]:
         cache: ListWatchCache[Any] = ListWatchCache(
             name, list_fn, convert, args=args, page_size=self.page_size, timeout_s=self.timeout_s,
-            **self._watch_options)
+            on_change=on_change, **self._watch_options)
         try:
             cache.start()
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
@@ -285,7 +287,7 @@ class KubePodScheduling:
             for kind, (group, version) in _GROUP_APIS.items():
                 self._groups.append(self._cache(f"podgroup.{group}", self.custom.list_cluster_custom_object,
                                                 functools.partial(_group_record, kind=kind),
-                                                (group, version, "podgroups")))
+                                                (group, version, "podgroups"), on_change=self._groups_changed))
         drained = self._informer.drain(everything=cursor != self._cursor)
         self._reads += 1
         self._cursor = f"{id(self._informer):x}.{self._reads}"
@@ -293,6 +295,10 @@ class KubePodScheduling:
         groups = tuple(sorted((g for cache in self._groups for g in cache.items()),
                               key=lambda g: (g.kind, g.namespace, g.name)))
         return PodChanges(self._cursor, drained.full, drained.pods, drained.gone, snap_nodes, groups)
+
+    def _groups_changed(self) -> None:
+        if self.on_groups_change is not None:
+            self.on_groups_change()
 
     def _changed(self, pod: PodRecord) -> None:
         if self.on_change is not None:

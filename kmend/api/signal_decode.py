@@ -94,7 +94,7 @@ def peek_origin(body: bytes) -> tuple[Origin, int] | None:
     """
     try:
         head = _HEAD.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):  # deep nesting: the full decode refuses it
         return None
     if head.producer is None or head.seq is None or not head.producer or head.seq < 1:
         return None
