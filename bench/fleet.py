@@ -28,8 +28,10 @@ import json
 import multiprocessing as mp
 import random
 import resource
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -42,6 +44,9 @@ from kmend.service import Kmend
 from kmend.settings import Settings
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
+
+# The test builders give real log lines; the bench runs from a checkout (python bench/...).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.builders import nccl_timeout
 
 GPUS, JOB_NODES = 8, 64

@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 
@@ -26,6 +28,9 @@ from kmend.service import Kmend
 from kmend.settings import Settings
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
+
+# The test builders give real log lines; the bench runs from a checkout (python bench/...).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.builders import kernel
 
 XIDS = ("79, pid=0, GPU has fallen off the bus.", "48, pid=1234, An uncorrectable double bit error (DBE) occurred",

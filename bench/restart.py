@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -28,6 +29,9 @@ from kmend.settings import Settings
 from kmend.store import schema
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
+
+# The test builders give real log lines; the bench runs from a checkout (python bench/...).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.builders import XID79, container, kernel, nccl_timeout
 
 MONTH_S = 30 * 86400.0
