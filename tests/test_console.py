@@ -91,7 +91,9 @@ def test_a_person_approves_a_plan_in_chromium_with_the_keyboard(tmp_path: Path) 
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(f"{base}/console/incidents")
             assert page.url.endswith("/console/login?next=/console/incidents")
-            page.keyboard.type("op-token")  # the token field has focus on load
+            # The token field has focus on load (autofocus); typing starts once it has, as a person's would.
+            page.wait_for_function("document.activeElement && document.activeElement.id === 'token'")
+            page.keyboard.type("op-token")
             page.keyboard.press("Tab")
             page.keyboard.press("Control+A")
             page.keyboard.type("alice")
