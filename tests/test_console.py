@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.builders import XID79, kernel
+from collector.signal import LogLine, Signal, Source
+from tests.builders import XID79, kernel, nccl_timeout
 from tests.test_runbook_api import Served, _serve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +57,27 @@ def test_console_needs_a_token_and_a_form_token_to_act(tmp_path: Path) -> None:
         assert done.status_code == 200 and s.world.cluster.get_node("gpu-node-03").unschedulable
         audit = s.client.get("/v1/audit", headers={"authorization": "Bearer op-token"}).json()["entries"]
         assert any(e["actor"] == "alice (console)" and e["path"].endswith("/approve") for e in audit)
+
+
+def test_console_and_cli_name_a_job_with_its_namespace(tmp_path: Path) -> None:
+    from kmend.commands.ctl import describe_incident, describe_plan
+
+    line = LogLine(nccl_timeout(1), namespace="team-a", pod="llama-worker-1", container="trainer", job="llama", rank=1)
+    with _serve(tmp_path) as s:
+        s.post_signals([Signal("gpu-node-01/container/1", "gpu-node-01", Source.CONTAINER, time.time(), line)])
+        [plan] = s.wait(lambda: [p for p in s.plans() if p.get("job")])
+        c = httpx.Client(base_url=str(s.client.base_url), follow_redirects=True)
+        c.post("/console/login", data={"token": "op-token", "name": "alice"})
+        # Every page that shows the job shows it as namespace/job: "llama" may run in another namespace too.
+        for page in ("/console/incidents", f"/console/incidents/{plan['incident_id']}", "/console/plans",
+                     f"/console/plans/{plan['id']}"):
+            text = c.get(page).text
+            assert "team-a/llama" in text, page
+            assert not re.search(r"(?<!team-a/)\bllama\b(?!-worker)", text), page
+        inc = s.client.get(f"/v1/incidents/{plan['incident_id']}", headers={"authorization": "Bearer op-token"}).json()
+        described = describe_incident(inc, time.time())
+        assert "job=team-a/llama" in described and "namespace=" not in described
+        assert "Job:       team-a/llama" in describe_plan(plan, time.time())
 
 
 _CONTRAST_JS = """

@@ -36,6 +36,16 @@ COOKIE = "kmend_console"
 OPEN_STATES = (IncidentState.OPEN, IncidentState.REMEDIATING)
 
 
+def job_name(where: Any) -> str:
+    """A job as people should read it: ``namespace/job`` (one name in two namespaces is two jobs), else the name."""
+    if not where or not where.get("job"):
+        return ""
+    return f"{where['namespace']}/{where['job']}" if where.get("namespace") else str(where["job"])
+
+
+templates.env.filters["job_name"] = job_name
+
+
 def _role(settings: Settings, token: str | None) -> str | None:
     """``operator``, ``viewer`` or None (no access) for the cookie's token."""
     op = settings.operator_token.get_secret_value() if settings.operator_token else None

@@ -203,7 +203,10 @@ def describe_incident(i: Mapping[str, Any], now: float) -> str:
              f"Jobs:         {', '.join(i.get('jobs', [])) or '-'}",
              f"Opened:       {_when(i.get('opened_at'))} ({_age(i.get('opened_at'), now)} ago)", "Evidence:"]
     for f in (i.get("findings") or [])[:20]:
-        where = " ".join(f"{k}={v}" for k, v in (f.get("where") or {}).items() if v is not None)
+        loc = dict(f.get("where") or {})
+        if loc.get("job") is not None and loc.get("namespace"):
+            loc["job"] = f"{loc.pop('namespace')}/{loc['job']}"
+        where = " ".join(f"{k}={v}" for k, v in loc.items() if v is not None)
         lines.append(f"  {f.get('rule_id', '?'):<28} {where}")
         if f.get("message"):
             lines.append(f"    {str(f['message'])[:300]}")
@@ -218,7 +221,8 @@ def describe_incident(i: Mapping[str, Any], now: float) -> str:
 def describe_plan(p: Mapping[str, Any], now: float) -> str:
     """A plan for people: mode, state and each step's result."""
     lines = [f"Plan:      {p['id']}", f"Incident:  {p.get('incident_id')}", f"Policy:    {p.get('policy')}",
-             f"Mode:      {p.get('mode')}", f"State:     {p.get('state')}", f"Reason:    {p.get('reason', '')}",
+             f"Mode:      {p.get('mode')}", f"State:     {p.get('state')}", f"Job:       {_plan_job(p)}",
+             f"Reason:    {p.get('reason', '')}",
              "Steps:"]
     for s in p.get("steps", []):
         lines.append(f"  {s['kind']:<12} {s['state']:<10} {s.get('node') or ''}  {s.get('result') or ''}")
