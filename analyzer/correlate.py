@@ -111,9 +111,12 @@ class Correlator:
     def jobs_on(self, node: str, at: float | None = None) -> frozenset[str]:
         """Jobs seen on a node (at `at`: those seen within the placement TTL before it)."""
         jobs = self._node_jobs.get(node, {})
-        if at is None:
-            return frozenset(jobs)
-        return frozenset(j for j, seen in jobs.items() if self._fresh(seen, at))
+        found = frozenset(jobs) if at is None else frozenset(j for j, seen in jobs.items() if self._fresh(seen, at))
+        # A bare name beside ``namespace/name`` on one node is that job seen by a reporter that knows no namespace.
+        bare = {j for j in found if "/" not in j and j in self._namespaced}
+        if bare:
+            found = frozenset(j for j in found if j not in bare or not any(k in found for k in self._namespaced[j]))
+        return found
 
     def _fresh(self, seen: float, at: float) -> bool:
         return seen == float("inf") or at - self.placement_ttl_s <= seen

@@ -295,7 +295,7 @@ def _finding_json(f: Finding) -> dict[str, Any]:
         "rule_id": f.rule_id, "fault_class": f.fault_class.value, "severity": f.severity.value,
         "hardware": f.hardware, "recommended_action": f.recommended_action.value, "ts": f.ts,
         "node": w.node, "gpu": w.gpu, "pci": w.pci, "port": w.port, "rank": w.rank, "job": w.job,
-        "message": f.message, "fields": dict(f.fields), "evidence": list(f.evidence),
+        "namespace": w.namespace, "message": f.message, "fields": dict(f.fields), "evidence": list(f.evidence),
     }
 
 

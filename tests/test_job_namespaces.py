@@ -23,7 +23,7 @@ from collector.wire import SignalBatch, SignalIn, to_record, to_wire
 from kmend.api.signal_decode import decode_fast
 from kmend.cli import build_parser
 from kmend.commands.agent import AgentSettings, build_agent
-from tests.builders import nccl_timeout
+from tests.builders import kernel, nccl_timeout
 from tests.conftest import free_port
 from tests.healing import Harness, incident
 
@@ -158,3 +158,84 @@ def test_kmend_get_names_the_job_with_its_namespace() -> None:
     plan = {"id": "plan-1", "state": "pending", "mode": "approval", "policy": "p", "node": "gpu-1", "steps": [],
             "created_at": T0, "incident_id": "inc-1", "job": "train", "namespace": "b"}
     assert "b/train" in table([plan], [*plan_cols, *plan_wide], T0 + 60)
+
+
+def _same_job_two_reporters(stuck_rank: int, stop_at: int, last: int) -> list[Signal]:
+    """Job ``train`` in namespace ``team-a`` on gpu-1 and gpu-2 (one rank each), seen twice: the hook's samples,
+    written by a reporter that knows no namespace, land a moment before the agent's namespaced log lines of the
+    same steps. It hangs: `stuck_rank` stops at `stop_at`, the other a step later. ``train`` also runs, healthy,
+    in namespace ``team-b`` on gpu-3 and gpu-4, up to `last`."""
+    out: list[Signal] = []
+    for rank in range(2):
+        node = f"gpu-{rank + 1}"
+        end = stop_at if rank == stuck_rank else stop_at + 1
+        for s in range(1, end + 1):
+            ts = T0 + s + 0.01 * rank
+            out.append(Signal(f"{node}/progress/{s}", node, Source.PROGRESS, ts - 0.005,
+                              ProgressSample("train", rank, s, 1.0)))
+            out.append(Signal(f"{node}/container/{s}", node, Source.CONTAINER, ts,
+                              LogLine(f"[rank{rank}]: step {s} loss 0.5", namespace="team-a",
+                                      pod=f"train-worker-{rank}", container="trainer", job="train", rank=rank)))
+    for rank in range(2):
+        node = f"gpu-{rank + 3}"
+        out += [Signal(f"{node}/container/{s}", node, Source.CONTAINER, T0 + s + 0.01 * rank,
+                       LogLine(f"[rank{rank}]: step {s} loss 0.5", namespace="team-b", pod=f"train-worker-{rank}",
+                               container="trainer", job="train", rank=rank)) for s in range(1, last + 1)]
+    return out
+
+
+def test_a_bare_named_reporter_of_the_same_ranks_is_the_namespaced_job() -> None:
+    an = Analyzer(RULES, correlator=Correlator(), detectors=DetectorSuite(PROGRESS))
+    found = _replay(an, _same_job_two_reporters(stuck_rank=1, stop_at=40, last=100), until=T0 + 100)
+    hangs = [f for f in found if f.fault_class is FaultClass.HANG]
+    # One job, named with its namespace: not a bare "train" that team-b's steps keep alive, nor a second job.
+    assert {(f.where.namespace, f.where.job, f.where.rank) for f in hangs} == {("team-a", "train", 1)}
+    assert {j for inc in an.correlator.incidents() for j in inc.jobs} == {"team-a/train"}
+
+
+def test_a_fault_on_a_node_of_a_job_seen_under_two_names_belongs_to_that_job() -> None:
+    signals = _same_job_two_reporters(stuck_rank=1, stop_at=100, last=100)
+    signals.append(kernel("gpu-2", "[ 8123.450001] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.",
+                          ts=T0 + 41))
+    an = Analyzer(RULES, correlator=Correlator(), detectors=DetectorSuite(PROGRESS))
+    _replay(an, signals, until=T0 + 100)
+    # The hook's bare "train" and the agent's "team-a/train" on gpu-2 are one job, so the Xid is that job's.
+    [xid] = an.correlator.incidents()
+    assert (xid.root_cause.namespace, xid.root_cause.job) == ("team-a", "train") and xid.hardware
+
+
+def _replay(an: Analyzer, signals: list[Signal], until: float) -> list[Finding]:
+    signals = sorted(signals, key=lambda s: s.ts)
+    found: list[Finding] = []
+    t, i = signals[0].ts, 0
+    while t <= until:
+        j = i
+        while j < len(signals) and signals[j].ts <= t:
+            j += 1
+        found += an.process(signals[i:j])[0] + an.evaluate(t)[0]
+        i, t = j, t + 1.0
+    return found
+
+
+def test_kmend_analyze_takes_a_bare_named_log_of_the_same_ranks_as_the_namespaced_job(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The trainer's own log file (no namespace: its job comes from --job) beside its pods' CRI logs.
+    node = tmp_path / "bundle" / "gpu-1"
+    own = []
+    for rank in range(2):
+        d = node / "var" / "log" / "pods" / f"team-a_train-worker-{rank}_{UID}{rank:012d}" / "trainer"
+        d.mkdir(parents=True)
+        end = 30 if rank == 1 else 31
+        (d / "0.log").write_text("".join(
+            f"{_stamp(T0 + s + 0.01 * rank)} stdout F [rank{rank}]: step {s} loss 0.5\n" for s in range(1, end + 1)))
+        own += [(T0 + s + 0.01 * rank - 0.005, f"[rank{rank}]: step {s} loss 0.5") for s in range(1, end + 1)]
+    (node / "train.log").write_text("".join(f"{_stamp(ts)} {text}\n" for ts, text in sorted(own)))
+    (node / "kern.log").write_text(f"{_stamp(T0 + 120)} gpu-1 kernel: [ 9000.000000] nothing to see\n")
+    args = build_parser().parse_args(["analyze", str(tmp_path / "bundle"), "--job", "train", "--format", "json"])
+    args.func(args)
+    out = json.loads(capsys.readouterr().out)
+    hangs = [i for i in out["incidents"] if i["fault_class"] == "hang"]
+    assert [(i["root_cause"]["namespace"], i["root_cause"]["job"], i["root_cause"]["rank"]) for i in hangs] == [
+        ("team-a", "train", 1)]
+    named = {(f["namespace"], f["job"]) for i in out["incidents"] for f in i["findings"]}
+    assert named <= {("team-a", "train"), (None, None)}

@@ -118,12 +118,16 @@ class JobBook:
         """Job name -> the ``namespace/job`` keys it is kept under."""
         self.gpu: dict[str, dict[str, dict[str, tuple[float, float]]]] = {}
         """node -> gpu (or NIC port) -> feature -> (ts, value), latest only."""
+        self.merged: list[str] = []
+        """Bare job keys folded into their namespaced job since the detectors last dropped what they kept of them."""
 
     def observe_progress(self, ev: ProgressEvent) -> None:
         """Fold one progress event in (idempotent for repeated or older steps)."""
+        if ev.namespace and ev.job in self.jobs and _runs_on(self.jobs[ev.job], ev.node):
+            self._adopt(ev.job, f"{ev.namespace}/{ev.job}")
         if ev.kind is ProgressKind.EXIT:
             # A process or container of a job that reported no progress here is no job to keep.
-            if (known := self.jobs.get(self.key_for(ev.namespace, ev.job))) is not None:
+            if (known := self.jobs.get(self.key_for(ev.namespace, ev.job, node=ev.node))) is not None:
                 self._exit(known, ev)
             elif ev.namespace is None:
                 # A reporter that knows no namespace (an older agent, a process outside any pod) ends the
@@ -133,7 +137,7 @@ class JobBook:
                             and r.node == ev.node:
                         self._exit(state, ev)
             return
-        key = self.key_for(ev.namespace, ev.job)
+        key = f"{ev.namespace}/{ev.job}" if ev.namespace else self.key_for(None, ev.job, node=ev.node)
         job = self.jobs.get(key)
         if job is None:  # not setdefault: a JobState (two deques) per event was a sixth of ingest time
             job = self.jobs[key] = JobState()
@@ -248,11 +252,11 @@ class JobBook:
         state = self.jobs.get(job)
         return {r.node for r in state.ranks.values()} if state else set()
 
-    def key_for(self, namespace: str | None, job: str) -> str:
+    def key_for(self, namespace: str | None, job: str, *, node: str | None = None) -> str:
         """The key `job` is kept under: ``namespace/job``, or the bare name when no namespace is known.
 
-        Reporters that know no namespace (older agents, a hook outside any pod) and reports of a job
-        that such a reporter named are matched by name when the book holds it in exactly one namespace.
+        Reporters that know no namespace (older agents, a hook outside any pod) are matched by name to
+        the namespace whose job has ranks on their `node`, else to the only namespace that has the job.
         """
         if namespace:
             key = f"{namespace}/{job}"
@@ -260,7 +264,37 @@ class JobBook:
         if job in self.jobs:
             return job
         keys = self._namespaced.get(job)
-        return next(iter(keys)) if keys is not None and len(keys) == 1 else job
+        if keys is None:
+            return job
+        if node is not None and len(keys) > 1:
+            here = [k for k in keys if k in self.jobs and _runs_on(self.jobs[k], node)]
+            if len(here) == 1:
+                return here[0]
+        return next(iter(keys)) if len(keys) == 1 else job
+
+    def _adopt(self, bare: str, key: str) -> None:
+        """A job a reporter without namespace named, whose ranks run where the namespaced reporter's do, is
+        that namespaced job (a hook outside the pod's view beside the agent): one job, under the namespaced key."""
+        old = self.jobs.pop(bare)
+        self.merged.append(bare)
+        into = self.jobs.get(key)
+        if into is None:
+            self.jobs[key] = old
+            _, _, name = key.partition("/")
+            self._namespaced.setdefault(name, set()).add(key)
+            return
+        for r, st in old.ranks.items():
+            mine = into.ranks.get(r)
+            if mine is None or st.last_step > mine.last_step:
+                into.ranks[r] = st
+        if not into.intervals:
+            into.intervals.extend(old.intervals)
+            into.step_times.extend(old.step_times)
+        if old.max_step > into.max_step:
+            into.max_step = old.max_step
+        into.steps_seen = max(into.steps_seen, old.steps_seen)
+        into.total = into.total if into.total is not None else old.total
+        into.world_size = into.world_size if into.world_size is not None else old.world_size
 
     def forget(self, job: str) -> None:
         """Drop a job (it was deleted or restarted under the same name)."""
@@ -283,6 +317,11 @@ class JobBook:
             del self.jobs[name]
             self._unindex(name)
         return gone
+
+
+def _runs_on(job: JobState, node: str) -> bool:
+    """Whether a rank of the job runs on `node`."""
+    return any(r.node == node for r in job.ranks.values())
 
 
 def _restarted(job: JobState, ev: ProgressEvent) -> bool:

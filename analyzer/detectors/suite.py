@@ -61,6 +61,7 @@ class DetectorSuite:
         events = self.extractor.extract(signals)
         for ev in events:
             self.book.observe_progress(ev)
+        self._drop_merged()
         for sig in signals:
             if isinstance(sig.payload, MetricSample):
                 self.book.observe_metric(sig)
@@ -72,6 +73,7 @@ class DetectorSuite:
         """Progress events and detector metrics another replica extracted from its batch (see ``observe``)."""
         for ev in events:
             self.book.observe_progress(ev)
+        self._drop_merged()
         for sig in metrics:
             self.book.observe_metric(sig)
         if newest > self.watermark:
@@ -152,6 +154,14 @@ class DetectorSuite:
             if self.flight_recorder.first_report(f):
                 found.append(self._placed(f))
         return found
+
+    def _drop_merged(self) -> None:
+        """Bare job keys the book folded into their namespaced job: what the detectors kept under them goes
+        (the step counters stay: they belong to the reporter, which goes on naming no namespace)."""
+        for job in self.book.merged:
+            for detector in (self.hang, self.straggler, self.flight_recorder, self.witnesses, self.stacks):
+                detector.forget(job)
+        self.book.merged.clear()
 
     def forget(self, job: str) -> None:
         """A job left the book (silent for `forget_after_s`): every detector drops what it kept about it."""
