@@ -10,10 +10,12 @@ larger jobs with 1-20 s steps.
 The real detectors (``DetectorSuite``, fed as the service's leader feeds them) judge each job at every moment
 a finding is possible, not every second: a hang threshold is never below ``min(max(k x median, floor),
 max(target_k x median, target_floor) - slack)`` of the job's recent report intervals (``HangConfig``), and
-within one silence the verdict only moves towards "hang", so each silence that reaches that bound is replayed,
-with the reports before it that fill the job book's interval window, and judged at its last instant. The
-end of every job is judged 10 minutes after it. A silence shorter than the bound cannot be called a hang, so
-this counts exactly the hang findings a run evaluated every instant would give.
+within one silence the verdict only moves towards "hang" until a pause, end or exit line arrives, so each
+silence that reaches that bound is replayed, with the reports before it that fill the job book's interval
+window, and judged at the instant before each such line in it and at its last instant. The end of every job
+is judged 10 minutes after it. A silence shorter than the bound cannot be called a hang, so this counts the
+hang findings a run evaluated every instant would give (``tests/test_healthy_fleet.py`` compares the two);
+only the run number in a finding differs, counted from the replayed window.
 """
 
 from __future__ import annotations
