@@ -257,4 +257,6 @@ def run_fleet(job_hours: float, seed: int, *, stall_s: float = 0.0) -> tuple[flo
         seen["deleted" if deleted else "finished"] += 1
         hours += tl.end_ts / 3600
         jobs += 1
+        by_kind = f"hours: {kind.name}"
+        seen[by_kind] = seen.get(by_kind, 0) + round(tl.end_ts / 3600)
     return hours, jobs, found, seen
