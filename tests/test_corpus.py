@@ -19,8 +19,8 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.973, "hardware_accuracy": 0.975, "action_accuracy": 0.973},
-    "heldout": {"class_accuracy": 0.875, "hardware_accuracy": 0.889, "action_accuracy": 0.868},
+    "dev": {"class_accuracy": 0.973, "hardware_accuracy": 0.976, "action_accuracy": 0.973},
+    "heldout": {"class_accuracy": 0.870, "hardware_accuracy": 0.882, "action_accuracy": 0.863},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 3}
 
@@ -31,8 +31,8 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 703
-    assert sum(e.benign for e in entries) >= 125
+    assert len(entries) >= 712
+    assert sum(e.benign for e in entries) >= 126
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
     assert len({e.text.strip() for e in entries}) == len(entries)
