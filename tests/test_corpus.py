@@ -19,10 +19,10 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.970, "hardware_accuracy": 0.972, "action_accuracy": 0.970},
-    "heldout": {"class_accuracy": 0.872, "hardware_accuracy": 0.876, "action_accuracy": 0.864},
+    "dev": {"class_accuracy": 0.970, "hardware_accuracy": 0.973, "action_accuracy": 0.970},
+    "heldout": {"class_accuracy": 0.868, "hardware_accuracy": 0.865, "action_accuracy": 0.860},
 }
-MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 3}
+MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 630
-    assert sum(e.benign for e in entries) >= 117
+    assert len(entries) >= 653
+    assert sum(e.benign for e in entries) >= 125
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
     assert len({e.text.strip() for e in entries}) == len(entries)
