@@ -1,6 +1,7 @@
 """Fabric and host rules on real lines through the `kmend analyze` path: a skipped HCA at NCCL start-up
 is no fault while a verbs failure on a device in use still is, and fabric manager / CUDA fabric, NCCL
-topology, Gloo connect and GCS upload failures name their class and the hardware/application call."""
+topology, Gloo connect, kubelet container manager, container OOM kill and GCS upload failures name their
+class and the hardware/application call."""
 
 from __future__ import annotations
 
@@ -69,6 +70,17 @@ def test_a_verbs_failure_on_the_device_in_use_is_still_a_network_fault(tmp_path:
     ("container", "RuntimeError: [/nfs/AMBUJ/Caffe2_LatestGLOO2/caffe2/third_party/gloo/gloo/transport/tcp/"
                   "pair.cc:611] Connect timeout [172.17.27.13]:27023\n",
      "gloo-connect-timeout", FaultClass.NCCL_ERROR, Action.RESTART_JOB),
+    # https://github.com/kubernetes/minikube/issues/11280
+    ("syslog", "docker + crio: kubelet \"Failed to start ContainerManager failed to initialize top level QOS "
+               "containers: root container [kubepods] doesn't exist\"\n",
+     "kubelet-container-manager-failed", FaultClass.NODE, Action.NOTIFY),
+    # https://github.com/gimlet-io/gimlet/issues/649 (kubectl describe pod)
+    ("kubectl", "Last State:     Terminated\n  Reason:       OOMKilled\n  Exit Code:    137\n",
+     "container-oom-killed", FaultClass.OOM_HOST, Action.FIX_APPLICATION),
+    # https://github.com/gensyn-ai/rl-swarm/issues/463 (dmesg, the report cut before the victim line)
+    ("kernel", "[597411.196310] p2pd invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, "
+               "oom_score_adj=0\n",
+     "oom-killer-invoked", FaultClass.OOM_HOST, Action.FIX_APPLICATION),
     # https://github.com/tensorflow/tensorflow/issues/6493
     ("container", "Unavailable: Unexpected response code 410\n         when resuming upload "
                   "gs://chatbot_generic/chatbot_generic_20161224_211637/translate.ckpt-1.data-00000-of-00001\n",
