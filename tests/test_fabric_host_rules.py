@@ -96,6 +96,16 @@ def test_fabric_and_host_failures_name_class_and_call(tmp_path: Path, source: st
     assert top.hardware is False
 
 
+def test_pytorchs_newer_watchdog_wording_wrapped_by_a_terminal_is_a_collective_timeout(tmp_path: Path) -> None:
+    # https://github.com/mila-iqia/milabench/pull/269
+    text = ("dinov2-giant-nodes.cn-d003.nolog [stderr] [rank3]:[E909 09:55:46.996672294 ProcessGroupNCCL.cpp:1709] "
+            "[PG 0 (default_pg) Rank 3] Timeout at NCCL work: 2070, last enqueued \n"
+            "NCCL work: 2082, last completed NCCL work: 2069.\n")
+    [incident] = _analyze(tmp_path, "container", text)
+    assert (incident.root_finding.rule_id, incident.fault_class) == ("nccl-work-timeout", FaultClass.NCCL_TIMEOUT)
+    assert incident.root_finding.fields["seq"] == "2070"
+
+
 def test_pytorchs_internal_error_spelling_is_ncclInternalError(tmp_path: Path) -> None:
     # https://github.com/NVIDIA-NeMo/Run/issues/266
     line = ("torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/"
