@@ -19,7 +19,7 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.971, "hardware_accuracy": 0.973, "action_accuracy": 0.971},
+    "dev": {"class_accuracy": 0.971, "hardware_accuracy": 0.974, "action_accuracy": 0.971},
     "heldout": {"class_accuracy": 0.868, "hardware_accuracy": 0.865, "action_accuracy": 0.860},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
@@ -31,7 +31,7 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 672
+    assert len(entries) >= 673
     assert sum(e.benign for e in entries) >= 130
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.

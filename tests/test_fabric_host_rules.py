@@ -1,7 +1,7 @@
 """Fabric and host rules on real lines through the `kmend analyze` path: a skipped HCA at NCCL start-up
 is no fault while a verbs failure on a device in use still is, and fabric manager / CUDA fabric, NCCL
-topology, Gloo connect, kubelet container manager, container OOM kill and GCS upload failures name their
-class and the hardware/application call."""
+topology, Gloo connect, kubelet container manager, container OOM kill and object-store upload failures name
+their class and the hardware/application call."""
 
 from __future__ import annotations
 
@@ -81,6 +81,11 @@ def test_a_verbs_failure_on_the_device_in_use_is_still_a_network_fault(tmp_path:
     ("kernel", "[597411.196310] p2pd invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0, "
                "oom_score_adj=0\n",
      "oom-killer-invoked", FaultClass.OOM_HOST, Action.FIX_APPLICATION),
+    # https://github.com/Azure/azure-storage-python/issues/245
+    ("container", "I'm trying to upload a bunch of CSV to Azure Blob Storage using this library and I'm having the "
+                  "following exception: `AzureException: ('Connection aborted.', timeout('The write operation timed "
+                  "out',))`.\n",
+     "object-store-write-timeout", FaultClass.STORAGE, Action.NOTIFY),
     # https://github.com/tensorflow/tensorflow/issues/6493
     ("container", "Unavailable: Unexpected response code 410\n         when resuming upload "
                   "gs://chatbot_generic/chatbot_generic_20161224_211637/translate.ckpt-1.data-00000-of-00001\n",
