@@ -19,10 +19,10 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.974, "hardware_accuracy": 0.976, "action_accuracy": 0.974},
-    "heldout": {"class_accuracy": 0.871, "hardware_accuracy": 0.882, "action_accuracy": 0.864},
+    "dev": {"class_accuracy": 0.975, "hardware_accuracy": 0.977, "action_accuracy": 0.975},
+    "heldout": {"class_accuracy": 0.868, "hardware_accuracy": 0.872, "action_accuracy": 0.861},
 }
-MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 3}
+MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 716
-    assert sum(e.benign for e in entries) >= 126
+    assert len(entries) >= 761
+    assert sum(e.benign for e in entries) >= 140
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
     assert len({e.text.strip() for e in entries}) == len(entries)

@@ -45,7 +45,7 @@ KERNEL_FORMATS = {
 CONTAINER = {
     # https://github.com/ollama/ollama/issues/12136 (NVSwitch fabric not initialised: fabric manager)
     "fabric not initialised": ("ggml_cuda_init: failed to initialize CUDA: system not yet initialized",
-                               "cuda-system-not-ready", "nvlink", False),
+                               "cuda-system-not-initialized", "nvlink", False),
     # https://github.com/QwenLM/Qwen3/issues/873 (cuBLAS could not allocate: the GPU is full)
     "cublas alloc": ("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
                      "cublas-alloc-failed", "oom_gpu", False),
