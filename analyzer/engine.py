@@ -31,6 +31,8 @@ from analyzer.rules import LinearRegex, Rule, compile_linear
 _NL = ord("\n")
 _BLOCK = 1024
 """Lines joined, encoded and scanned at a time: about 100 kB of log, which stays in the CPU cache."""
+_CHUNK = 1 << 20
+"""Bytes of a log file scanned at a time, cut at a line end: its hits are confirmed while it is in the CPU cache."""
 
 
 class Backend(StrEnum):
@@ -222,14 +224,17 @@ class MultiMatcher:
     # -- scanning ------------------------------------------------------------
 
     def scan(self, lines: Sequence[str]) -> list[LineMatch]:
-        """Rules confirmed on lines of one batch, ordered by line then rule load order."""
+        """Rules confirmed on lines of one batch, ordered by line then rule load order.
+
+        A line that holds a newline is matched as a whole, as :class:`NaiveMatcher` reads it (every
+        rule's regex searched on the line); the other lines of its batch are scanned together.
+        """
         if not lines:
             return []
         if self._hs is not None:
             found = self._scan_hyperscan(lines)
             if found is None:
-                # A line with an embedded newline would shift every later line: keep lines whole.
-                return self.scan([ln.replace("\n", " ") for ln in lines])
+                return self._scan_held(lines)
             if not self._residual:
                 return found
             candidates = self._scan_re("\n".join(lines), self._residual, lines)
@@ -238,7 +243,7 @@ class MultiMatcher:
             return out
         text = "\n".join(lines)
         if text.count("\n") != len(lines) - 1:
-            return self.scan([ln.replace("\n", " ") for ln in lines])
+            return self._scan_held(lines)
         candidates = set()
         if self._set is not None:
             matched = self._set.Match(text) or []
@@ -246,6 +251,31 @@ class MultiMatcher:
         if self._residual:
             candidates |= self._scan_re(text, self._residual, lines)
         return self._confirmed(lines, candidates)
+
+    def _scan_held(self, lines: Sequence[str]) -> list[LineMatch]:
+        """A batch some of whose lines hold a newline: those are matched one by one, the rest together.
+
+        A held line stands in its batch as an empty line, so the others keep their numbers. Its
+        candidates come from a scan of it alone (hyperscan reads the line's ends in multi-line mode
+        as it reads them between newlines, so it finds no less than in the batch); with another
+        backend every rule is a candidate. Each is confirmed by the rule's regex on the whole line.
+        """
+        held = [i for i, ln in enumerate(lines) if "\n" in ln]
+        out = self.scan(["" if "\n" in ln else ln for ln in lines])
+        every = range(len(self.rules))
+        for i in held:
+            text = lines[i]
+            rule_nos: Iterable[int] = every
+            if self._hs is not None:
+                hits: list[tuple[int, int]] = []
+                self._hs.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=_collect, context=hits)
+                rule_nos = sorted({r for _, r in hits}.union(self._residual))
+            for rule_no in rule_nos:
+                groups = self._confirm[rule_no].text(text)
+                if groups is not None:
+                    out.append(LineMatch(i, self.rules[rule_no], groups))
+        out.sort(key=lambda m: (m.line, self._order[m.rule.id]))
+        return out
 
     def _confirmed(self, lines: Sequence[str], candidates: Iterable[tuple[int, int]]) -> list[LineMatch]:
         out: list[LineMatch] = []
@@ -256,7 +286,7 @@ class MultiMatcher:
         return out
 
     def _scan_hyperscan(self, lines: Sequence[str]) -> list[LineMatch] | None:
-        """Confirmed matches from one hyperscan scan per block; None when a line holds a newline."""
+        """Confirmed matches from one hyperscan scan per block; None when a block with a hit has a newline in a line."""
         found: list[tuple[int, int, dict[str, str]]] = []
         hits: list[tuple[int, int]] = []
         # Block by block, so the joined text, its bytes and the newline mask stay in the CPU cache
@@ -278,7 +308,8 @@ class MultiMatcher:
         The bytes-in path for ingest: the buffer is scanned as it is, with no list of lines and no
         Python step for a line that matches nothing; only the lines a hit points at are located
         (from the newline offsets) and decoded. Line numbers index the batch. None when the buffer
-        does not hold exactly ``count`` lines (a line held a newline): the caller scans the list.
+        has a hit and does not hold exactly ``count`` lines (a line held a newline): the caller scans the list.
+        A buffer without a hit has no match on any of its lines, however they are cut.
         """
         if count <= 0:
             return []
@@ -300,16 +331,18 @@ class MultiMatcher:
         """Scan one buffer of ``count`` lines; confirmed (line, rule, groups) go to ``found``.
 
         ``texts``: the block's lines as text, for a block that is not all ASCII; None to confirm each
-        hit line on its bytes when it is ASCII, else on its decoded text. False when the buffer holds
-        another number of lines than ``count``.
+        hit line on its bytes when it is ASCII, else on its decoded text. False when the buffer has a hit
+        and holds another number of lines than ``count`` (the newlines are counted only then).
         """
-        newline = np.frombuffer(data, dtype=np.uint8) == _NL
-        if int(np.count_nonzero(newline)) != count - 1:
-            return False
         hits.clear()
         self._hs.scan(data, match_event_handler=_collect, context=hits)
         if not hits:
+            # Nothing to map to lines. A line holding a newline would have no hit alone either: the
+            # buffer holds it whole, between newlines, where ^, $ and \b read as at its ends.
             return True
+        newline = np.frombuffer(data, dtype=np.uint8) == _NL
+        if int(np.count_nonzero(newline)) != count - 1:
+            return False
         hits.sort()
         confirm = self._confirm
         # Only hit positions are resolved (newlines counted between consecutive hits), so the cost
@@ -349,17 +382,44 @@ class MultiMatcher:
         """
         if self._hs is None:
             return self._scan_buffer_split(data)
-        hits: list[tuple[int, int]] = []
-        self._hs.scan(data, match_event_handler=_collect, context=hits)
-        hits.sort()
         found: list[tuple[int, int, int, str, dict[str, str]]] = []
+        view = memoryview(data)
+        size = len(data)
+        first = 0
+        while first < size:
+            # A chunk ends at a line end, so every line is scanned whole and as at the start of a buffer.
+            last = data.find(b"\n", min(first + _CHUNK, size))
+            last = size if last < 0 else last + 1
+            self._confirm_chunk(data, view[first:last] if (first, last) != (0, size) else data, first, found)
+            first = last
+        found.sort(key=_FIRST_TWO)
+        rules = self.rules
+        out = [BufferMatch(start, stop, text, rules[rule_no], groups) for start, rule_no, stop, text, groups in found]
+        if self._residual:
+            out.extend(self._scan_buffer_split(data, only=self._residual))
+            out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
+        return out
+
+    def _confirm_chunk(self, data: bytes, chunk: bytes | memoryview, first: int,
+                       found: list[tuple[int, int, int, str, dict[str, str]]]) -> None:
+        """Scan the chunk of ``data`` at ``first``; its confirmed (start, rule, stop, text, groups) go to ``found``.
+
+        The hits are confirmed right after the chunk's scan, while the chunk's bytes and the rules'
+        RE2 programs are still in the CPU cache (a scan of a whole large file would evict both).
+        """
+        hits: list[tuple[int, int]] = []
+        self._hs.scan(chunk, match_event_handler=_collect, context=hits)
+        if not hits:
+            return
+        hits.sort()
         confirm = self._confirm
         start = stop = -1
         raw = b""
         text = ""
+        whole = True
         seen: set[int] = set()
         for end, rule_no in hits:
-            at = end - 1 if end else 0
+            at = first + (end - 1 if end else 0)
             if at > stop:
                 start = data.rfind(b"\n", 0, at) + 1
                 stop = data.find(b"\n", at)
@@ -380,13 +440,6 @@ class MultiMatcher:
                 groups = confirm[rule_no].text(text)
             if groups is not None:
                 found.append((start, rule_no, stop, text, groups))
-        found.sort(key=_FIRST_TWO)
-        rules = self.rules
-        out = [BufferMatch(start, stop, text, rules[rule_no], groups) for start, rule_no, stop, text, groups in found]
-        if self._residual:
-            out.extend(self._scan_buffer_split(data, only=self._residual))
-            out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
-        return out
 
     def _scan_buffer_split(self, data: bytes, only: list[int] | None = None) -> list[BufferMatch]:
         raw = data.split(b"\n")
