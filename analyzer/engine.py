@@ -31,8 +31,6 @@ from analyzer.rules import LinearRegex, Rule, compile_linear
 _NL = ord("\n")
 _BLOCK = 1024
 """Lines joined, encoded and scanned at a time: about 100 kB of log, which stays in the CPU cache."""
-_CHUNK = 1 << 20
-"""Bytes of a log file scanned at a time, cut at a line end: its hits are confirmed while it is in the CPU cache."""
 
 
 class Backend(StrEnum):
@@ -382,44 +380,17 @@ class MultiMatcher:
         """
         if self._hs is None:
             return self._scan_buffer_split(data)
-        found: list[tuple[int, int, int, str, dict[str, str]]] = []
-        view = memoryview(data)
-        size = len(data)
-        first = 0
-        while first < size:
-            # A chunk ends at a line end, so every line is scanned whole and as at the start of a buffer.
-            last = data.find(b"\n", min(first + _CHUNK, size))
-            last = size if last < 0 else last + 1
-            self._confirm_chunk(data, view[first:last] if (first, last) != (0, size) else data, first, found)
-            first = last
-        found.sort(key=_FIRST_TWO)
-        rules = self.rules
-        out = [BufferMatch(start, stop, text, rules[rule_no], groups) for start, rule_no, stop, text, groups in found]
-        if self._residual:
-            out.extend(self._scan_buffer_split(data, only=self._residual))
-            out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
-        return out
-
-    def _confirm_chunk(self, data: bytes, chunk: bytes | memoryview, first: int,
-                       found: list[tuple[int, int, int, str, dict[str, str]]]) -> None:
-        """Scan the chunk of ``data`` at ``first``; its confirmed (start, rule, stop, text, groups) go to ``found``.
-
-        The hits are confirmed right after the chunk's scan, while the chunk's bytes and the rules'
-        RE2 programs are still in the CPU cache (a scan of a whole large file would evict both).
-        """
         hits: list[tuple[int, int]] = []
-        self._hs.scan(chunk, match_event_handler=_collect, context=hits)
-        if not hits:
-            return
+        self._hs.scan(data, match_event_handler=_collect, context=hits)
         hits.sort()
+        found: list[tuple[int, int, int, str, dict[str, str]]] = []
         confirm = self._confirm
         start = stop = -1
         raw = b""
         text = ""
-        whole = True
         seen: set[int] = set()
         for end, rule_no in hits:
-            at = first + (end - 1 if end else 0)
+            at = end - 1 if end else 0
             if at > stop:
                 start = data.rfind(b"\n", 0, at) + 1
                 stop = data.find(b"\n", at)
@@ -440,6 +411,13 @@ class MultiMatcher:
                 groups = confirm[rule_no].text(text)
             if groups is not None:
                 found.append((start, rule_no, stop, text, groups))
+        found.sort(key=_FIRST_TWO)
+        rules = self.rules
+        out = [BufferMatch(start, stop, text, rules[rule_no], groups) for start, rule_no, stop, text, groups in found]
+        if self._residual:
+            out.extend(self._scan_buffer_split(data, only=self._residual))
+            out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
+        return out
 
     def _scan_buffer_split(self, data: bytes, only: list[int] | None = None) -> list[BufferMatch]:
         raw = data.split(b"\n")

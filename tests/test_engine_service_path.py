@@ -1,7 +1,6 @@
 """The service path (a batch's log signals matched as one buffer) finds what each line matched alone finds, and what
 the reference matcher (every rule's regex on every line) finds, on a realistic batch: real lines from the corpus and
-the rules' examples with multi-byte UTF-8, carriage returns, NULs, very long lines and lines that hold a newline;
-and a log file larger than one scan chunk is matched as its lines are, faults on the chunk edges included."""
+the rules' examples with multi-byte UTF-8, carriage returns, NULs, very long lines and lines that hold a newline."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analyzer.engine import _CHUNK, MultiMatcher, NaiveMatcher
+from analyzer.engine import MultiMatcher, NaiveMatcher
 from analyzer.matcher import FastMatcher, RegexMatcher
 from analyzer.pipeline import Analyzer
 from analyzer.rules import Rule
@@ -88,21 +87,3 @@ def test_a_record_holding_a_newline_is_read_as_the_reference_reads_it(shipped_ru
     found, _ = Analyzer(shipped_rules).process(batch)
     assert [(f.rule_id, f.evidence) for f in found] == [("xid-79", ("s3",))]
 
-
-def test_a_file_larger_than_a_scan_chunk_is_matched_as_its_lines_are(shipped_rules: list[Rule]) -> None:
-    rng = random.Random(5)
-    noise = "NCCL INFO Channel 00/32 : 0 -> 1 [send] via NET/IB/0/GDRDMA"
-    lines: list[str] = []
-    size = 0
-    while size < 3 * _CHUNK + 1000:
-        near_edge = size % _CHUNK > _CHUNK - 300 or size % _CHUNK < 300
-        ln = XID79 if near_edge or rng.random() < 0.001 else noise
-        lines.append(ln)
-        size += len(ln) + 1
-    data = "\n".join(lines).encode()
-    hits = MultiMatcher(shipped_rules).scan_buffer(data)
-    naive = NaiveMatcher(shipped_rules)
-    each = {ln: [(h.rule.id, dict(h.groups)) for h in naive.scan([ln])] for ln in set(lines)}
-    want = [(i, *hit) for i, ln in enumerate(lines) for hit in each[ln]]
-    assert len(want) > 20
-    assert [(data.count(b"\n", 0, h.start), h.rule.id, dict(h.groups)) for h in hits] == want
