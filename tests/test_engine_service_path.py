@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analyzer.engine import MultiMatcher, NaiveMatcher
+from analyzer.engine import Backend, MultiMatcher, NaiveMatcher, available_backends
 from analyzer.matcher import FastMatcher, RegexMatcher
 from analyzer.pipeline import Analyzer
 from analyzer.rules import Rule
@@ -76,14 +76,19 @@ def test_the_service_path_finds_what_each_line_alone_finds(shipped_rules: list[R
     assert got == reference
 
 
-def test_a_record_holding_a_newline_is_read_as_the_reference_reads_it(shipped_rules: list[Rule]) -> None:
+@pytest.mark.parametrize("backend", available_backends(), ids=str)
+def test_a_record_holding_a_newline_is_read_as_the_reference_reads_it(shipped_rules: list[Rule],
+                                                                      backend: Backend) -> None:
     # The newline is not a space: ": \n79" is not the Xid line's ": 79", whatever else the batch holds.
-    texts = ["step 1", XID79.replace(": 79", ":\n79"), "step 2", XID79 + "\nsecond half"]
-    batch = [Signal(id=f"s{i}", node="n", source=Source.KERNEL, ts=1.0 + i, payload=LogLine(text=t))
-             for i, t in enumerate(texts)]
-    engine, naive = MultiMatcher(shipped_rules), NaiveMatcher(shipped_rules)
-    for lines in (texts, texts[:2]):
-        assert [(h.line, h.rule.id) for h in engine.scan(lines)] == [(h.line, h.rule.id) for h in naive.scan(lines)]
-    found, _ = Analyzer(shipped_rules).process(batch)
-    assert [(f.rule_id, f.evidence) for f in found] == [("xid-79", ("s3",))]
+    texts = ["step 1", XID79.replace(": 79", ":\n79"), "step 2", XID79 + "\nsecond half",
+             "RuntimeError: CUDA error: an illegal memory access was encountered\nCUDA kernel errors"]
+    batch = [Signal(id=f"s{i}", node="n", source=Source.CONTAINER if i == 4 else Source.KERNEL, ts=1.0 + i,
+                    payload=LogLine(text=t)) for i, t in enumerate(texts)]
+    engine, naive = MultiMatcher(shipped_rules, backend=backend), NaiveMatcher(shipped_rules)
+    for lines in (texts, texts[:2], texts[3:]):
+        assert [(h.line, h.rule.id, dict(h.groups)) for h in engine.scan(lines)] == [
+            (h.line, h.rule.id, dict(h.groups)) for h in naive.scan(lines)]
+    found, _ = Analyzer(shipped_rules, backend=backend).process(batch)
+    assert [(f.rule_id, f.evidence) for f in found][:1] == [("xid-79", ("s3",))]
+    assert {f.evidence for f in found} == {("s3",), ("s4",)}
 
