@@ -222,14 +222,17 @@ class MultiMatcher:
     # -- scanning ------------------------------------------------------------
 
     def scan(self, lines: Sequence[str]) -> list[LineMatch]:
-        """Rules confirmed on lines of one batch, ordered by line then rule load order."""
+        """Rules confirmed on lines of one batch, ordered by line then rule load order.
+
+        A line that holds a newline is matched as a whole, as :class:`NaiveMatcher` reads it (every
+        rule's regex searched on the line); the other lines of its batch are scanned together.
+        """
         if not lines:
             return []
         if self._hs is not None:
             found = self._scan_hyperscan(lines)
             if found is None:
-                # A line with an embedded newline would shift every later line: keep lines whole.
-                return self.scan([ln.replace("\n", " ") for ln in lines])
+                return self._scan_held(lines)
             if not self._residual:
                 return found
             candidates = self._scan_re("\n".join(lines), self._residual, lines)
@@ -238,7 +241,7 @@ class MultiMatcher:
             return out
         text = "\n".join(lines)
         if text.count("\n") != len(lines) - 1:
-            return self.scan([ln.replace("\n", " ") for ln in lines])
+            return self._scan_held(lines)
         candidates = set()
         if self._set is not None:
             matched = self._set.Match(text) or []
@@ -246,6 +249,31 @@ class MultiMatcher:
         if self._residual:
             candidates |= self._scan_re(text, self._residual, lines)
         return self._confirmed(lines, candidates)
+
+    def _scan_held(self, lines: Sequence[str]) -> list[LineMatch]:
+        """A batch some of whose lines hold a newline: those are matched one by one, the rest together.
+
+        A held line stands in its batch as an empty line, so the others keep their numbers. Its
+        candidates come from a scan of it alone (hyperscan reads the line's ends in multi-line mode
+        as it reads them between newlines, so it finds no less than in the batch); with another
+        backend every rule is a candidate. Each is confirmed by the rule's regex on the whole line.
+        """
+        held = [i for i, ln in enumerate(lines) if "\n" in ln]
+        out = self.scan(["" if "\n" in ln else ln for ln in lines])
+        every = range(len(self.rules))
+        for i in held:
+            text = lines[i]
+            rule_nos: Iterable[int] = every
+            if self._hs is not None:
+                hits: list[tuple[int, int]] = []
+                self._hs.scan(text.encode("utf-8", "surrogatepass"), match_event_handler=_collect, context=hits)
+                rule_nos = sorted({r for _, r in hits}.union(self._residual))
+            for rule_no in rule_nos:
+                groups = self._confirm[rule_no].text(text)
+                if groups is not None:
+                    out.append(LineMatch(i, self.rules[rule_no], groups))
+        out.sort(key=lambda m: (m.line, self._order[m.rule.id]))
+        return out
 
     def _confirmed(self, lines: Sequence[str], candidates: Iterable[tuple[int, int]]) -> list[LineMatch]:
         out: list[LineMatch] = []
@@ -256,7 +284,7 @@ class MultiMatcher:
         return out
 
     def _scan_hyperscan(self, lines: Sequence[str]) -> list[LineMatch] | None:
-        """Confirmed matches from one hyperscan scan per block; None when a line holds a newline."""
+        """Confirmed matches from one hyperscan scan per block; None when a block with a hit has a newline in a line."""
         found: list[tuple[int, int, dict[str, str]]] = []
         hits: list[tuple[int, int]] = []
         # Block by block, so the joined text, its bytes and the newline mask stay in the CPU cache
@@ -278,7 +306,8 @@ class MultiMatcher:
         The bytes-in path for ingest: the buffer is scanned as it is, with no list of lines and no
         Python step for a line that matches nothing; only the lines a hit points at are located
         (from the newline offsets) and decoded. Line numbers index the batch. None when the buffer
-        does not hold exactly ``count`` lines (a line held a newline): the caller scans the list.
+        has a hit and does not hold exactly ``count`` lines (a line held a newline): the caller scans the list.
+        A buffer without a hit has no match on any of its lines, however they are cut.
         """
         if count <= 0:
             return []
@@ -300,16 +329,18 @@ class MultiMatcher:
         """Scan one buffer of ``count`` lines; confirmed (line, rule, groups) go to ``found``.
 
         ``texts``: the block's lines as text, for a block that is not all ASCII; None to confirm each
-        hit line on its bytes when it is ASCII, else on its decoded text. False when the buffer holds
-        another number of lines than ``count``.
+        hit line on its bytes when it is ASCII, else on its decoded text. False when the buffer has a hit
+        and holds another number of lines than ``count`` (the newlines are counted only then).
         """
-        newline = np.frombuffer(data, dtype=np.uint8) == _NL
-        if int(np.count_nonzero(newline)) != count - 1:
-            return False
         hits.clear()
         self._hs.scan(data, match_event_handler=_collect, context=hits)
         if not hits:
+            # Nothing to map to lines. A line holding a newline would have no hit alone either: the
+            # buffer holds it whole, between newlines, where ^, $ and \b read as at its ends.
             return True
+        newline = np.frombuffer(data, dtype=np.uint8) == _NL
+        if int(np.count_nonzero(newline)) != count - 1:
+            return False
         hits.sort()
         confirm = self._confirm
         # Only hit positions are resolved (newlines counted between consecutive hits), so the cost

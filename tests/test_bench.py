@@ -19,6 +19,8 @@ def test_rule_benchmark_prints_one_json_object_per_result() -> None:
         capture_output=True, text=True, cwd=REPO, timeout=120, check=True,
     )
     results = [json.loads(line) for line in proc.stdout.splitlines()]
+    [summary] = [r for r in results if "summary" in r]
+    results = [r for r in results if r is not summary]
     raw = [r for r in results if r["engine"].startswith("raw hyperscan")]
     assert all(r["findings"] >= r["fault_lines"] for r in raw)  # hits before confirmation: never fewer
     results = [r for r in results if r not in raw]
@@ -30,6 +32,10 @@ def test_rule_benchmark_prints_one_json_object_per_result() -> None:
     # The service path builds findings (container rules only, as a pod's lines get): the same from either input.
     assert service["findings"] == received["findings"] > 0
     assert naive["measured_on_subset"] is True
+    # The quoted figures are the same run's ratios to raw hyperscan, as the per-path lines give them.
+    assert (summary["file_path"], summary["service_path"], summary["service_path_received_bytes"]) == (
+        fast["ratio_to_raw"], service["ratio_to_raw"], received["ratio_to_raw"])
+    assert all(summary[k] > 0 for k in ("file_path", "service_path", "line_list_path"))
     assert all(r["mb_per_s_per_core"] > 0 and r["lines_per_s_per_core"] > 0 for r in results)
 
 
