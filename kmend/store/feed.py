@@ -31,7 +31,7 @@ from analyzer.progress_rules import ProgressKind
 from collector.signal import MetricSample, Signal, Source
 from kmend.serialize import finding_from_dict, finding_to_dict
 from kmend.store import schema
-from kmend.store.series import locked_series
+from kmend.store.series import stored_series
 from kmend.store.store import IngestOutcome, Store, _kept
 
 CURSOR = "leader"
@@ -117,7 +117,7 @@ class Feed:
                ) -> tuple[IngestOutcome, BatchDigest | None]:
         """Store a batch's lines and producer mark and its digest as one feed row, in one transaction.
 
-        With `evaluator`, the stored states of the metric series the batch moves are read (rows locked) and
+        With `evaluator`, the stored states of the metric series the batch moves are read and
         adopted before the batch is analysed: a node's batches may alternate between replicas, and a counter's
         increase or a run of samples over a threshold must be judged on the series' whole past, once.
         Returns the outcome (findings, no incidents: the leader correlates) and the digest (None: a replay).
@@ -150,7 +150,7 @@ class Feed:
     @staticmethod
     def _adopt_series(conn: Connection, evaluator: SignalEvaluator | None, fresh: Sequence[Signal]) -> None:
         if evaluator is not None and (keys := evaluator.series_keys(fresh)):
-            evaluator.adopt(keys, locked_series(conn, keys))
+            evaluator.adopt(keys, stored_series(conn, keys))
 
     def open_incidents_by_node(self) -> dict[str, list[str]]:
         """Ids of the open or remediating incidents rooted on each node, oldest first, as the leader stored them."""
