@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from analyzer.progress import ProgressExtractor
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from collector.progress_summary import SummarisedProgress
+from collector.progress_summary import LineStep, SummarisedProgress
 from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Poll
 from collector.spool import DiskSpool
@@ -31,6 +33,14 @@ def _settings(tmp_path: Path, **kw: Any) -> AgentSettings:
                             "kernel": "off", "ib_root": tmp_path / "no-ib", "nvml": False, "pod_labels": False,
                             "service_url": f"http://127.0.0.1:{free_port()}"}
     return AgentSettings(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory: pytest.TempPathFactory) -> LineStep:
+    """The agent's step-line reader with the shipped rules (loaded once: they take a second)."""
+    got = build_line_steps(_settings(tmp_path_factory.mktemp("agent"), progress_summary_s=5))
+    assert got is not None
+    return got
 
 
 def _line(i: int, text: str, rank: int, ts: float) -> Signal:
@@ -54,9 +64,7 @@ class _Lines:
         pass
 
 
-def test_step_lines_leave_as_one_summary_per_rank_that_the_service_reads_as_the_lines(tmp_path: Path) -> None:
-    steps = build_line_steps(_settings(tmp_path, progress_summary_s=5))
-    assert steps is not None
+def test_step_lines_leave_as_one_summary_per_rank_that_the_service_reads_as_the_lines(steps: LineStep) -> None:
     now = [0.0]
     src = _Lines()
     summarised = SummarisedProgress(src, 5.0, clock=lambda: now[0], from_lines=steps)
@@ -78,9 +86,7 @@ def test_step_lines_leave_as_one_summary_per_rank_that_the_service_reads_as_the_
     assert sorted(by_summary) == sorted(by_line) and len(by_line) == 10
 
 
-def test_a_long_window_lists_steps_every_node_shares(tmp_path: Path) -> None:
-    steps = build_line_steps(_settings(tmp_path, progress_summary_s=5))
-    assert steps is not None
+def test_a_long_window_lists_steps_every_node_shares(steps: LineStep) -> None:
     t = 1_700_000_000.0
     listed = []
     for start in (1, 7):  # two nodes' windows of one fast job, not starting at the same step
@@ -97,9 +103,7 @@ def test_a_long_window_lists_steps_every_node_shares(tmp_path: Path) -> None:
     assert len(shared) >= 50, sorted(shared)  # enough common steps for the arrival lag
 
 
-def test_lines_the_service_must_read_go_as_lines_after_the_steps_before_them(tmp_path: Path) -> None:
-    steps = build_line_steps(_settings(tmp_path, progress_summary_s=5))
-    assert steps is not None
+def test_lines_the_service_must_read_go_as_lines_after_the_steps_before_them(steps: LineStep) -> None:
     src = _Lines()
     summarised = SummarisedProgress(src, 5.0, clock=lambda: 0.0, from_lines=steps)
     t = 1_700_000_000.0
@@ -147,11 +151,9 @@ def test_the_agent_ships_summaries_of_its_pods_step_lines_and_every_line_with_su
     assert [s["source"] for s in _spooled(off.state_dir)] == ["container"] * 80
 
 
-def test_a_rank_that_exits_has_its_steps_sent_before_its_exit(tmp_path: Path) -> None:
+def test_a_rank_that_exits_has_its_steps_sent_before_its_exit(steps: LineStep) -> None:
     from collector.progress_summary import ExitsAfterSteps
 
-    steps = build_line_steps(_settings(tmp_path, progress_summary_s=5))
-    assert steps is not None
     lines, procs = _Lines(), _Lines()
     summarised = SummarisedProgress(lines, 5.0, clock=lambda: 0.0, from_lines=steps)
     exits = ExitsAfterSteps(procs, summarised.windows)
