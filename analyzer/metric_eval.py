@@ -82,6 +82,11 @@ class _Hit:
     previous: float | None
 
 
+def _key(sig: Signal, sample: MetricSample) -> tuple[str, ...]:
+    """A series' identity: node, metric name and its identifying labels."""
+    return (sig.node, sample.name, *sorted(f"{k}={v}" for k, v in sample.labels.items() if k not in _VOLATILE))
+
+
 def _location(signal: Signal, labels: Mapping[str, str]) -> Location:
     pci_raw = labels.get("pci") or labels.get("pci_bus_id")
     dev, port = labels.get("device"), labels.get("port")
@@ -163,6 +168,34 @@ class SignalEvaluator:
             self._newest = max(self._newest, st.ts)
         self._evict()
 
+    def series_keys(self, signals: Iterable[Signal]) -> list[tuple[str, ...]]:
+        """Keys of the watched series these signals' samples move, each once (their state is to be read first)."""
+        keys: dict[tuple[str, ...], None] = {}
+        for sig in signals:
+            sample = sig.payload
+            if (isinstance(sample, MetricSample) and sig.source is not Source.ALERT and sample.name in self.by_metric
+                    and sample.value < _DCGM_BLANK):
+                keys[_key(sig, sample)] = None
+        return list(keys)
+
+    def adopt(self, keys: Iterable[tuple[str, ...]], stored: Mapping[tuple[str, ...], SeriesState]) -> None:
+        """Take the stored states of these series as their current ones, and forget those with none stored.
+
+        Several replicas share PostgreSQL and a node's batches may reach any of them: what this replica kept
+        from a series' earlier samples may be older than what another replica committed since, so the
+        stored state (read in the batch's transaction) is the series' past.
+        """
+        for key in keys:
+            st = stored.get(key)
+            if st is None:
+                self._series.pop(key, None)
+                continue
+            series = self._series[key] = _Series()
+            self._series.move_to_end(key)
+            series.value, series.ts, series.streak = st.value, st.ts, dict(st.streak)
+            series.prev = (st.value, st.ts, dict(st.streak))
+            self._newest = max(self._newest, st.ts)
+
     def watching(self, name: str) -> list[MetricRule]:
         """Metric rules that look at this metric name."""
         return list(self.by_metric.get(name, ()))
@@ -201,8 +234,7 @@ class SignalEvaluator:
         """Findings of one metric sample; updates the series' state."""
         if sample.value >= _DCGM_BLANK:
             return []
-        key = (sig.node, sample.name,
-               *sorted(f"{k}={v}" for k, v in sample.labels.items() if k not in _VOLATILE))
+        key = _key(sig, sample)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series()

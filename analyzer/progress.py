@@ -164,7 +164,9 @@ class ProgressExtractor:
         out: list[ProgressEvent] = []
         for sig in signals:
             p = sig.payload
-            if isinstance(p, ProgressSample):
+            if isinstance(p, ProgressSample) and p.arrivals:
+                out.extend(_arrivals(sig, p))
+            elif isinstance(p, ProgressSample):
                 out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=sig.ts, kind=_KINDS[p.event],
                                          step=p.step, step_time=p.step_time, phases=dict(p.phases),
                                          signal_id=sig.id, world_size=p.world_size, namespace=p.namespace))
@@ -173,6 +175,30 @@ class ProgressExtractor:
                 if ev is not None:
                     out.append(ev)
         return out
+
+    def edge_step(self, line: LogLine) -> ProgressSample | bool:
+        """A log line's step as a sample the node agent may summarise, or whether the line is progress at all.
+
+        A sample for a step line that numbers its step itself, of a known job, short of the run's printed
+        total. True for any other progress line (a counted or per-epoch step, a pause, the end, the run's last
+        step with its total), which the service must read itself: its counters and markers stay there. False:
+        no progress rule matches.
+        """
+        found = self._matcher.match(line.text)
+        if found is None:
+            return False
+        rule, got = found
+        job = line.job or line.pod
+        if (rule.kind is not ProgressKind.STEP or got.step is None or got.epoch is not None or job is None
+                or (got.total is not None and got.step >= got.total)):
+            return True
+        rank = line.rank if line.rank is not None else got.rank
+        if rank is None:
+            rank = line_rank(line.text)
+            if rank is None:
+                return True  # no rank: the service keeps such a job's lines apart
+        return ProgressSample(job=job, rank=rank, step=got.step, step_time=got.step_time,
+                              namespace=line.namespace or None)
 
     def _from_line(self, sig: Signal, line: LogLine) -> ProgressEvent | None:
         found = self._matcher.match(line.text)
@@ -212,3 +238,11 @@ class ProgressExtractor:
         top = max(top, step)
         self._epochs[key] = (epoch, base, top)
         return base + step
+
+
+def _arrivals(sig: Signal, p: ProgressSample) -> list[ProgressEvent]:
+    """A summary of step lines as the step events its lines gave."""
+    return [ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=ts, kind=ProgressKind.STEP, step=step,
+                          step_time=step_time, signal_id=sig.id, rule_id="summary", world_size=p.world_size,
+                          namespace=p.namespace)
+            for step, ts, step_time in p.arrivals]

@@ -76,7 +76,15 @@ class ProgressSample:
     """Fastest step time in a summary's window (None for a single sample)."""
     step_time_max: float | None = None
     """Slowest step time in a summary's window (None for a single sample)."""
+    arrivals: tuple[tuple[int, float, float | None], ...] = ()
+    """For a summary of step lines: (step, time, step time) of the window's steps, thinned to at most
+    ``MAX_ARRIVALS`` on steps that are multiples of a power of two, so other nodes' summaries share them. The
+    service reads them as the lines they stand for (the arrival lag that names a slow rank compares ranks
+    at equal steps)."""
 
+
+MAX_ARRIVALS = 64
+"""Most steps a summary lists in ``arrivals`` (the detectors keep 64 per rank)."""
 
 Payload = LogLine | MetricSample | ProgressSample
 

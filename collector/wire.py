@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from collector.signal import LogLine, MetricSample, ProgressSample, Signal, Source
+from collector.signal import MAX_ARRIVALS, LogLine, MetricSample, ProgressSample, Signal, Source
 from collector.validate import MAX_NODE_NAME, NODE_NAME_PATTERN
 
 # Checked by pydantic-core's own regex engine (no Python call per field): the service path parses
@@ -63,6 +63,9 @@ class ProgressPayload(_Strict):
     samples: int = Field(default=1, ge=1, le=1_000_000)
     step_time_min: float | None = Field(default=None, ge=0)
     step_time_max: float | None = Field(default=None, ge=0)
+    arrivals: list[tuple[Annotated[int, Field(ge=0)], float, Annotated[float, Field(ge=0)] | None]] = Field(
+        default_factory=list, max_length=MAX_ARRIVALS)
+    """A step-line summary's (step, time, step time) of its window's steps (older agents send none)."""
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -105,7 +108,7 @@ def to_record(s: SignalIn) -> Signal:
     else:
         payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size,
                                  namespace=p.namespace, samples=p.samples, step_time_min=p.step_time_min,
-                                 step_time_max=p.step_time_max)
+                                 step_time_max=p.step_time_max, arrivals=tuple(p.arrivals))
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -135,4 +138,6 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body["namespace"] = p.namespace
         if p.samples != 1:
             body |= {"samples": p.samples, "step_time_min": p.step_time_min, "step_time_max": p.step_time_max}
+        if p.arrivals:
+            body["arrivals"] = [list(a) for a in p.arrivals]
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

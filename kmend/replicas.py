@@ -77,7 +77,8 @@ class Replicas:
                     changed.extend(k.signals.take_changed())
                 return changed
 
-            outcome, _ = retrying(lambda: self.feed.ingest(signals, digest, series, origin), k._retry_sleep)
+            outcome, _ = retrying(lambda: self.feed.ingest(signals, digest, series, origin, k.signals),
+                                  k._retry_sleep)
         for src, n in Tally(s.source.value for s in outcome.fresh).items():
             k.metrics.signals.labels(src).inc(n)
         if outcome.duplicates:

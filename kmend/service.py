@@ -349,8 +349,15 @@ class Kmend:
         keep = self.store.incidents_with_unfinished_plans()
         return corr.resolve_quiet(now - quiet_s, self.clock(), keep=keep, quiet_s=quiet_s)
 
+    def _follows(self) -> bool:
+        """Whether this is a replica that does not fold the feed: its correlator is as of its start, so what it
+        shows about incidents comes from PostgreSQL, where the Lease holder stores them as it folds."""
+        return self.replicas is not None and not self.replicas.leading
+
     def incidents(self) -> list[Incident]:
-        """All incidents, oldest first."""
+        """All incidents, oldest first (the stored live ones on a replica that does not lead)."""
+        if self._follows():
+            return sorted(self.store.live_incidents(keep_s=3 * self.window_s), key=lambda i: (i.opened_at, i.id))
         with self._lock:
             return self.analyzer.correlator.incidents()
 
@@ -427,13 +434,21 @@ class Kmend:
     # -- views -------------------------------------------------------------------------
 
     def node_health(self) -> dict[str, dict[str, Any]]:
-        """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined."""
-        with self._lock:
-            active = self.analyzer.correlator.active()
-        by_node: dict[str, list[Incident]] = {}
-        for inc in active:
-            if inc.root_cause.node:
-                by_node.setdefault(inc.root_cause.node, []).append(inc)
+        """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined.
+
+        Any replica answers with the leader's current view: one that does not lead reads the open incidents
+        from PostgreSQL (one indexed query), not from its own correlator.
+        """
+        by_node: dict[str, list[str]] = {}
+        if self._follows():
+            assert self.replicas is not None
+            by_node = self.replicas.feed.open_incidents_by_node()
+        else:
+            with self._lock:
+                active = self.analyzer.correlator.active()
+            for inc in active:
+                if inc.root_cause.node:
+                    by_node.setdefault(inc.root_cause.node, []).append(inc.id)
         out: dict[str, dict[str, Any]] = {}
         quarantined = 0
         records = self.healing.node_records()
@@ -448,7 +463,7 @@ class Kmend:
             out[n.name] = {
                 "state": state, "cordoned": n.unschedulable, "fault": fault,
                 "taints": [f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}" for t in n.taints],
-                "incidents": [i.id for i in incs],
+                "incidents": incs,
                 "conditions": {c.type: c.status for c in n.conditions},
                 **records.get(n.name, {"validation": None, "faults_in_window": 0, "mtbi_s": None, "lemon": None}),
             }

@@ -1,13 +1,17 @@
-"""Waiting for a `kmend serve` child to be ready: long enough for a loaded CI machine, and failing at once,
-with the child's log, when the child has died instead."""
+"""`kmend serve` children for end-to-end tests: starting one (its own port and log), pointing it at a loopback
+API server, and waiting for it to be ready: long enough for a loaded CI machine, and failing at once, with the
+child's log, when the child has died instead."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,87 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], *, log: Path | None = No
             pass
         time.sleep(0.05)
     raise AssertionError(f"{url} not ready within {timeout:.0f} s")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Served:
+    """One `kmend serve` child process."""
+
+    name: str
+    """What the test calls it (its Lease identity, for replicas)."""
+    proc: subprocess.Popen[bytes]
+    """The child."""
+    port: int
+    """Its loopback port."""
+    log: Path
+    """Its stdout and stderr."""
+
+    @property
+    def url(self) -> str:
+        """Its base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Return once it answers ``/readyz``; raise with its log if it exits first."""
+        wait_ready(self.url, self.proc, log=self.log, timeout=timeout)
+
+    def tail(self, chars: int = 3000) -> str:
+        """The end of its log."""
+        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+
+    def stop(self) -> None:
+        """Terminate it (if still running) and wait for it to exit."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def start_serve(tmp_path: Path, name: str, env: Mapping[str, str]) -> Served:
+    """Start `kmend serve` on a free loopback port with `env` over this process's environment (not waited for)."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    log = tmp_path / f"{name}.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], cwd=REPO,
+                                env={**os.environ, **env, "KMEND_PORT": str(port)}, stdout=fh,
+                                stderr=subprocess.STDOUT)
+    return Served(name, proc, port, log)
+
+
+def stop_all(served: Iterable[Served]) -> None:
+    """Stop every child still running."""
+    for s in served:
+        s.stop()
+
+
+def logs(served: Iterable[Served]) -> str:
+    """Every child's log tail, headed by its name (for a failing assertion)."""
+    return "\n".join(f"--- {s.name}\n{s.tail()}" for s in served)
+
+
+def kube_serve_env(tmp_path: Path, api_url: str, token: str, *, drain_grace_s: int = 5) -> dict[str, str]:
+    """Settings for `kmend serve --cluster kube` against a loopback API server: a kubeconfig with `token`, the
+    default policy with a short drain grace, and fast healer and scheduler loops."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": api_url}}],
+        "users": [{"name": "kmend", "user": {"token": token}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "kmend"}}]}))
+    policy = yaml.safe_load((REPO / "healer" / "policies" / "default.yaml").read_text())
+    policy["defaults"]["drain_grace_s"] = drain_grace_s
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+    return {"KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig), "KMEND_EVENT_NAMESPACE": "kmend-system",
+            "KMEND_POLICY_FILE": str(tmp_path / "policy.yaml"), "KMEND_HEALER_INTERVAL_S": "0.1",
+            "KMEND_SCHEDULER_INTERVAL_S": "0.1", "KMEND_SYMPTOM_SETTLE_S": "0"}
 
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")

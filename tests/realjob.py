@@ -191,6 +191,14 @@ class Kmend:
         texts = [json.loads(r[0]).get("payload", {}).get("text", "") for r in rows]
         return [t for t in texts if needle in t]
 
+    def progress_received(self) -> float:
+        """Progress records the service took in (the agents summarise their pods' step lines)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        body = self.client.get("/metrics").text
+        return sum(s.value for f in text_string_to_metric_families(body) for s in f.samples
+                   if s.name == "kmend_ingest_signals_total" and s.labels.get("source") == "progress")
+
     def incidents(self) -> list[dict[str, Any]]:
         listed = self.client.get("/v1/incidents").json()["incidents"]
         return [self.client.get(f"/v1/incidents/{i['id']}").json() for i in listed]
@@ -243,7 +251,11 @@ def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str
                                     "--state-dir", str(tmp / f"agent{suffix}"), "--pods-root", str(root),
                                     "--kernel", "off", "--no-nvml", "--no-pod-labels",
                                     "--ib-root", str(tmp / "no-ib"), "--poll-interval", "0.2",
-                                    "--flush-interval", "0.2", "--status-port", "0"], tmp / f"agent{suffix}.log", {}))
+                                    "--flush-interval", "0.2", "--status-port", "0",
+                                    # Step lines leave as per-rank summaries (with each step's time); these
+                                    # jobs step every 10-150 ms, so a 1 s window keeps naming a slow rank
+                                    # within the tests' 30-step bound (5 s by default: up to one window later).
+                                    "--progress-summary-s", "1"], tmp / f"agent{suffix}.log", {}))
             yield Kmend(url, pods, client, tmp / "kmend.db", node_pods)
     finally:
         for agent in agents:

@@ -41,7 +41,10 @@ def _agent_signals(tmp_path: Path, metrics: AgentMetrics | None = None, **kw: An
     state = tmp_path / "state"
     settings = AgentSettings(**{"node": NODE, "state_dir": state, "pods_root": tmp_path / "pods", "kernel": "off",
                                 "ib_root": tmp_path / "no-ib", "nvml": False, "pod_labels": False,
-                                "service_url": f"http://127.0.0.1:{free_port()}", **kw})
+                                "service_url": f"http://127.0.0.1:{free_port()}",
+                                # Every line as read (step-line summaries keep the same job and rank:
+                                # tests/test_progress_lines_edge.py).
+                                "progress_summary_s": 0, **kw})
     agent = build_agent(settings, metrics=metrics)
     agent.run_once()
     agent.flush()

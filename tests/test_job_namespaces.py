@@ -78,9 +78,10 @@ def _spooled(state: Path) -> list[dict[str, Any]]:
 
 def test_a_hang_in_one_namespace_is_found_while_the_same_job_name_runs_on_in_another(tmp_path: Path) -> None:
     _write_pods(tmp_path / "pods", stuck_ns="a", stop_at=40, last=100)
-    # A port nobody listens on: every batch lands in the spool, as the service would receive it.
+    # A port nobody listens on: every batch lands in the spool, as the service would receive it. Every line, as
+    # an agent that does not summarise step lines ships them (summaries: tests/test_progress_lines_edge.py).
     settings = AgentSettings(node="gpu-1", state_dir=tmp_path / "state", pods_root=tmp_path / "pods", kernel="off",
-                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False,
+                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False, progress_summary_s=0,
                              service_url=f"http://127.0.0.1:{free_port()}")
     agent = build_agent(settings)
     agent.run_once()

@@ -7,9 +7,6 @@ PyTorchJob controller (deleted pods come back pending) and the platform (repair 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from collector.wire import to_wire
 from tests.builders import XID79, container, kernel
-from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer, RoleRules
-from tests.procs import wait_ready
+from tests.procs import kube_serve_env, start_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -115,29 +110,12 @@ def test_serve_against_a_strict_api_server_heals_an_xid79_end_to_end(tmp_path: P
     with FakeApiServer(rbac=rbac) as api:
         _world(api)
         ctl = Controllers(api)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "kmend", "user": {"token": SA_TOKEN}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "kmend"}}]}))
-        policy = yaml.safe_load((MANIFEST.parent.parent.parent / "healer" / "policies" / "default.yaml").read_text())
-        policy["defaults"]["drain_grace_s"] = 5
-        (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
-        port = free_port()
-        env = {**os.environ, **TOKENS, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig),
-               "KMEND_EVENT_NAMESPACE": "kmend-system", "KMEND_PORT": str(port),
-               "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}",
-               "KMEND_POLICY_FILE": str(tmp_path / "policy.yaml"),
-               "KMEND_HEALER_INTERVAL_S": "0.1", "KMEND_SCHEDULER_INTERVAL_S": "0.1", "KMEND_SYMPTOM_SETTLE_S": "0"}
-        log = tmp_path / "serve.log"
-        with open(log, "wb") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], env=env, stdout=fh,
-                                    stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        served = start_serve(tmp_path, "serve", {**TOKENS, **kube_serve_env(tmp_path, api.url, SA_TOKEN),
+                                                 "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}"})
+        url, log = served.url, served.log
         op = {"authorization": "Bearer op-t"}
         try:
-            wait_ready(url, proc, log=log)
+            served.wait_ready()
             r = httpx.post(f"{url}/v1/signals", headers={"authorization": "Bearer ingest-t"}, timeout=10, json={
                 "signals": [to_wire(container("gpu-1", "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
                             to_wire(kernel("gpu-1", XID79))]})
@@ -166,8 +144,7 @@ def test_serve_against_a_strict_api_server_heals_an_xid79_end_to_end(tmp_path: P
             raise AssertionError(f"{exc}\nplans: {plans}\nlease/requests seen: {api.requests[-20:]}\n"
                                  f"{log.read_text()[-4000:]}") from None
         finally:
-            proc.terminate()
-            proc.wait(timeout=20)
+            served.stop()
         steps = [(s["kind"], s["state"], s["result"]) for s in final["steps"]]
         assert final["state"] == "succeeded", steps
         forbidden = [line for line in log.read_text().splitlines() if "Forbidden" in line or "(403)" in line]

@@ -58,8 +58,9 @@ def test_plain_ddp_healthy_run_raises_nothing(kmend: Kmend) -> None:
     finally:
         job.stop()
     time.sleep(1.5)  # the agent's last poll and a detector round
-    # Every rank's progress reached the service, and none of it looked like a fault.
-    assert len(kmend.stored_lines("step ")) >= 3 * 140
+    # Every rank's progress reached the service, summarised on the node (no step line is shipped), and none of
+    # it looked like a fault.
+    assert kmend.stored_lines("step ") == [] and kmend.progress_received() >= 3
     assert kmend.incidents() == []
 
 

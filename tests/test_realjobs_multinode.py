@@ -67,4 +67,4 @@ def test_a_healthy_two_node_run_raises_nothing(kmend: Kmend) -> None:
     while time.monotonic() < deadline:
         assert kmend.incidents() == []
         time.sleep(1.0)
-    assert len(kmend.stored_lines("step ")) >= 4 * 75
+    assert kmend.stored_lines("step ") == [] and kmend.progress_received() >= 4  # summarised on each node

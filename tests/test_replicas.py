@@ -232,3 +232,53 @@ def test_flight_recorder_dumps_posted_to_both_replicas_are_judged_together(pair:
     assert b.evaluate(now=now).findings == ()
     [f] = [x for x in a.evaluate(now=now).findings if x.rule_id == "flight-recorder"]
     assert (f.where.job, f.where.rank) == ("gloo-job", 1)
+
+
+def test_a_replica_that_does_not_lead_shows_the_leaders_current_view(pair: tuple[Kmend, Kmend, Lease]) -> None:
+    from analyzer.records import IncidentState
+
+    a, b, _ = pair
+    assert a.replicas is not None and b.replicas is not None
+    assert b.node_health()["gpu-node-01"]["state"] == "healthy"
+    # b started before the fault and never folds the feed; a client behind the Service may still ask b.
+    b.ingest([kernel("gpu-node-01", XID79)])
+    assert a.replicas.tail() == 1
+    [inc] = _active(a)
+    assert b.node_health()["gpu-node-01"]["state"] == "suspect"
+    assert b.node_health()["gpu-node-01"]["incidents"] == [inc["id"]]
+    assert [i.id for i in b.incidents()] == [inc["id"]]
+    # The leader resolves it: b shows that too, at once.
+    a.set_incident_state(str(inc["id"]), IncidentState.RESOLVED, "checked")
+    assert b.node_health()["gpu-node-01"]["state"] == "healthy"
+    assert [i.state for i in b.incidents()] == [IncidentState.RESOLVED]
+
+
+def _dcgm(node: str, name: str, value: float, ts: float, labels: dict[str, str]) -> Signal:
+    from collector.signal import MetricSample, Source
+
+    return Signal(f"{node}/dcgm/{name}/{ts}", node, Source.DCGM, ts, MetricSample(name, value, labels))
+
+
+GPU3 = {"gpu": "3", "UUID": "GPU-3f809e614-a528-4083-acbf-334600000000", "pci_bus_id": "00000000:5D:00.0"}
+
+
+def test_metric_windows_split_over_replicas_are_judged_once(pair: tuple[Kmend, Kmend, Lease]) -> None:
+    a, b, _ = pair
+    t = 1_700_000_000.0
+    node = "gpu-node-02"
+    # One node's batches alternate between the replicas (a Service without affinity), numbered by its agent.
+    # Each batch carries one sample of a counter (its first sample is only a baseline) and one of the clock
+    # throttle reasons (thermal slowdown, a finding after 4 samples in a row).
+    remapped = [0, 1, 1, 1, 1, 1]
+    throttle = [64, 64, 64, 64, 64, 64]
+    found: list[tuple[int, str]] = []
+    for i, (rows, bits) in enumerate(zip(remapped, throttle, strict=True)):
+        k = (a, b)[i % 2]
+        batch = [_dcgm(node, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", rows, t + 30 * i, GPU3),
+                 _dcgm(node, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", bits, t + 30 * i, GPU3)]
+        found += [(i, f.rule_id) for f in k.ingest(batch, (f"{node}/agent", i + 1)).findings]
+    # The increase reached b after a saw the baseline; the fourth hot sample was b's second.
+    assert found == [(1, "gpu-uncorrectable-remapped-rows"), (3, "gpu-thermal-slowdown")]
+    assert a.replicas is not None and a.replicas.tail() == 6  # a feed row per batch (GPU metrics for the detectors)
+    stored = [f.rule_id for f in a.store.findings_in_order()]
+    assert sorted(stored) == ["gpu-thermal-slowdown", "gpu-uncorrectable-remapped-rows"]

@@ -17,14 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from sqlalchemy import create_engine, text
 
 from tests.agent_helpers import CriWriter
 from tests.builders import nccl_timeout
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO
 from tests.fake_apiserver import FakeApiServer, RoleRules
-from tests.procs import wait_ready
+from tests.procs import Served, kube_serve_env, logs, start_serve, stop_all
 from tests.tcp_proxy import RoundRobinProxy
 from tests.test_kube_serve_e2e import MANIFEST, NS, SA_TOKEN, TOKENS, Controllers, _until, _world
 
@@ -125,41 +124,22 @@ def test_agents_behind_one_address_two_replicas_one_plan_nothing_lost(tmp_path: 
     rbac = RoleRules.from_manifest(MANIFEST, "kmend", token=SA_TOKEN, user="system:serviceaccount:kmend-system:kmend")
     nodes = [Node(tmp_path, name, rank) for rank, name in enumerate(NODES)]
     (tmp_path / "token").write_text(TOKENS["KMEND_INGEST_TOKEN"] + "\n")
-    procs: dict[str, tuple[subprocess.Popen[bytes], int, Path]] = {}
+    procs: dict[str, Served] = {}
     with FakeApiServer(rbac=rbac) as api:
         _world(api)
         ctl = Controllers(api)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "kmend", "user": {"token": SA_TOKEN}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "kmend"}}]}))
-        policy = yaml.safe_load((REPO / "healer" / "policies" / "default.yaml").read_text())
-        policy["defaults"]["drain_grace_s"] = 3
-        (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
+        base = {**TOKENS, **kube_serve_env(tmp_path, api.url, SA_TOKEN, drain_grace_s=3),
+                "KMEND_DATABASE_URL": fresh_postgres_url, "KMEND_REPLICATED": "true", "KMEND_LEASE_DURATION_S": "4"}
         try:
             for name in ("r1", "r2"):
-                port = free_port()
-                env = {**os.environ, **TOKENS, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig),
-                       "KMEND_EVENT_NAMESPACE": "kmend-system", "KMEND_PORT": str(port),
-                       "KMEND_DATABASE_URL": fresh_postgres_url, "KMEND_REPLICATED": "true",
-                       "KMEND_IDENTITY": name, "KMEND_LEASE_DURATION_S": "4",
-                       "KMEND_POLICY_FILE": str(tmp_path / "policy.yaml"),
-                       "KMEND_HEALER_INTERVAL_S": "0.1", "KMEND_SCHEDULER_INTERVAL_S": "0.1",
-                       "KMEND_SYMPTOM_SETTLE_S": "0"}
-                log = tmp_path / f"{name}.log"
-                with open(log, "wb") as fh:
-                    proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], env=env, stdout=fh,
-                                            stderr=subprocess.STDOUT)
-                procs[name] = (proc, port, log)
-            with RoundRobinProxy([("127.0.0.1", port) for _, port, _ in procs.values()]) as proxy:
+                procs[name] = start_serve(tmp_path, name, {**base, "KMEND_IDENTITY": name})
+            with RoundRobinProxy([("127.0.0.1", p.port) for p in procs.values()]) as proxy:
                 url = proxy.url
                 for node in nodes:
                     node.chatter("warm-up", 5)
                     node.start(url, tmp_path / "token")
-                for proc, port, log in procs.values():
-                    wait_ready(f"http://127.0.0.1:{port}", proc, log=log)
+                for served in procs.values():
+                    served.wait_ready()
                 leader = _until("a replica to hold the Lease", lambda: _holder(api))
                 follower = "r2" if leader == "r1" else "r1"
 
@@ -175,13 +155,13 @@ def test_agents_behind_one_address_two_replicas_one_plan_nothing_lost(tmp_path: 
                 assert inc["root_cause"]["node"] == "gpu-1" and inc["fault_class"] == "gpu_lost", inc
                 [plan] = _until("the plan", lambda: _plans(url))
                 assert plan["incident_id"] == inc["id"] and plan["state"] == "running", plan
-                assert all(proxy.connections[("127.0.0.1", p)] > 0 for _, p, _ in procs.values()), proxy.connections
+                assert all(proxy.connections[("127.0.0.1", p.port)] > 0 for p in procs.values()), proxy.connections
 
                 # The leader dies mid-plan while every agent keeps shipping through the one address.
                 for node in nodes:
                     node.chatter("during", 10)
-                procs[leader][0].send_signal(signal.SIGKILL)
-                procs[leader][0].wait(timeout=10)
+                procs[leader].proc.send_signal(signal.SIGKILL)
+                procs[leader].proc.wait(timeout=10)
                 for node in nodes:
                     node.chatter("after", 10)
                 _until("the follower to take the Lease", lambda: _holder(api) == follower, timeout=60)
@@ -200,14 +180,10 @@ def test_agents_behind_one_address_two_replicas_one_plan_nothing_lost(tmp_path: 
                 assert {k: v for k, v in got.items() if v != 1} == {}, "a line stored twice"
                 assert set(got) == set(want)
         except AssertionError as exc:
-            logs = "\n".join(f"--- {n}\n{p[2].read_text(errors='replace')[-3000:]}" for n, p in procs.items())
             agents = "\n".join(f"--- {n.name}\n{n.log.read_text(errors='replace')[-1500:]}" for n in nodes
                                if n.log.exists())
-            raise AssertionError(f"{exc}\n{logs}\n{agents}") from None
+            raise AssertionError(f"{exc}\n{logs(procs.values())}\n{agents}") from None
         finally:
             for node in nodes:
                 node.stop()
-            for proc, _, _ in procs.values():
-                if proc.poll() is None:
-                    proc.terminate()
-                    proc.wait(timeout=20)
+            stop_all(procs.values())

@@ -6,23 +6,18 @@ replica had taken."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from collector.wire import to_wire
 from tests.builders import XID79, container, kernel, nccl_timeout
-from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer, RoleRules
-from tests.procs import wait_ready
+from tests.procs import Served, kube_serve_env, logs, start_serve, stop_all
 from tests.test_kube_serve_e2e import MANIFEST, NS, SA_TOKEN, TOKENS, Controllers, _until, _world
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(420)]
@@ -46,36 +41,17 @@ def test_two_replicas_one_incident_one_plan_and_a_takeover(tmp_path: Path, fresh
     with FakeApiServer(rbac=rbac) as api:
         _world(api)
         ctl = Controllers(api)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "kmend", "user": {"token": SA_TOKEN}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "kmend"}}]}))
-        policy = yaml.safe_load((MANIFEST.parent.parent.parent / "healer" / "policies" / "default.yaml").read_text())
-        policy["defaults"]["drain_grace_s"] = 5
-        (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
-        procs: dict[str, tuple[subprocess.Popen[bytes], str, Path]] = {}
+        base = {**TOKENS, **kube_serve_env(tmp_path, api.url, SA_TOKEN), "KMEND_DATABASE_URL": fresh_postgres_url,
+                "KMEND_REPLICATED": "true", "KMEND_LEASE_DURATION_S": "4"}
+        procs: dict[str, Served] = {}
         try:
             for name in ("r1", "r2"):
-                port = free_port()
-                env = {**os.environ, **TOKENS, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig),
-                       "KMEND_EVENT_NAMESPACE": "kmend-system", "KMEND_PORT": str(port),
-                       "KMEND_DATABASE_URL": fresh_postgres_url, "KMEND_REPLICATED": "true",
-                       "KMEND_IDENTITY": name, "KMEND_LEASE_DURATION_S": "4",
-                       "KMEND_POLICY_FILE": str(tmp_path / "policy.yaml"),
-                       "KMEND_HEALER_INTERVAL_S": "0.1", "KMEND_SCHEDULER_INTERVAL_S": "0.1",
-                       "KMEND_SYMPTOM_SETTLE_S": "0"}
-                log = tmp_path / f"{name}.log"
-                with open(log, "wb") as fh:
-                    proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], env=env, stdout=fh,
-                                            stderr=subprocess.STDOUT)
-                procs[name] = (proc, f"http://127.0.0.1:{port}", log)
-            for proc, url, log in procs.values():
-                wait_ready(url, proc, log=log)
+                procs[name] = start_serve(tmp_path, name, {**base, "KMEND_IDENTITY": name})
+            for served in procs.values():
+                served.wait_ready()
             leader = _until("a replica to hold the Lease", lambda: _holder(api))
             follower = "r2" if leader == "r1" else "r1"
-            lurl, furl = procs[leader][1], procs[follower][1]
+            lurl, furl = procs[leader].url, procs[follower].url
 
             # The GPU's Xid reaches the follower; the job's ranks time out in their collective at the leader.
             xid_batch = {"signals": [to_wire(kernel("gpu-1", XID79))], "producer": "gpu-1/agent-1", "seq": 1}
@@ -101,8 +77,8 @@ def test_two_replicas_one_incident_one_plan_and_a_takeover(tmp_path: Path, fresh
 
             # The leader dies with the drain under way (no kubelet has finished the evicted pods yet).
             killed_at = time.monotonic()
-            procs[leader][0].send_signal(signal.SIGKILL)
-            procs[leader][0].wait(timeout=10)
+            procs[leader].proc.send_signal(signal.SIGKILL)
+            procs[leader].proc.wait(timeout=10)
             _until("the follower to take the Lease", lambda: _holder(api) == follower, timeout=60)
             takeover_s = time.monotonic() - killed_at
             print(f"takeover: the Lease moved {takeover_s:.1f} s after the leader was killed (duration 4 s)")
@@ -120,11 +96,7 @@ def test_two_replicas_one_incident_one_plan_and_a_takeover(tmp_path: Path, fresh
             [again] = active() or [inc]
             assert again["id"] == inc["id"] and again["finding_count"] == 5
         except AssertionError as exc:
-            logs = "\n".join(f"--- {n}\n{p[2].read_text(errors='replace')[-3000:]}" for n, p in procs.items())
-            raise AssertionError(f"{exc}\n{logs}") from None
+            raise AssertionError(f"{exc}\n{logs(procs.values())}") from None
         finally:
-            for proc, _, _ in procs.values():
-                if proc.poll() is None:
-                    proc.terminate()
-                    proc.wait(timeout=20)
+            stop_all(procs.values())
         assert {name for (ns, name) in api.pods if ns == NS} >= {f"llama-worker-{r}" for r in range(4)}

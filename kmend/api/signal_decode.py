@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from collector.signal import LogLine, MetricSample, ProgressSample, Signal, Source
+from collector.signal import MAX_ARRIVALS, LogLine, MetricSample, ProgressSample, Signal, Source
 from collector.validate import MAX_NODE_NAME, node_name_problem
 
 _MAX = 1.7976931348623157e308
@@ -53,6 +53,8 @@ class _Progress(Struct, tag_field="kind", tag="progress", forbid_unknown_fields=
     samples: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
     step_time_min: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
     step_time_max: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
+    arrivals: Annotated[list[tuple[Annotated[int, Meta(ge=0)], Finite, Annotated[float, Meta(ge=0, le=_MAX)] | None]],
+                        Meta(max_length=MAX_ARRIVALS)] = []
 
 
 class _Signal(Struct, forbid_unknown_fields=True):
@@ -127,6 +129,6 @@ def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
             assert isinstance(p, _Progress)
             payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event, p.world_size,
                                      namespace=p.namespace, samples=p.samples, step_time_min=p.step_time_min,
-                                     step_time_max=p.step_time_max)
+                                     step_time_max=p.step_time_max, arrivals=tuple(p.arrivals))
         append(Signal(s.id, s.node, s.source, s.ts, payload))
     return out, None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)

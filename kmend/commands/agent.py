@@ -25,6 +25,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_vali
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from analyzer.exact import hyperscan_pattern
+from analyzer.progress import ProgressExtractor
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
 from analyzer.rules import RuleError, context_patterns, default_rules_dir, load_rules
 from collector.agent import Agent
@@ -40,9 +41,9 @@ from collector.podmeta import FilePodMetadata, KubeApiPodMetadata, PodMetadataPr
 from collector.prefilter import RegexPrefilter
 from collector.processes import ProcessFinder
 from collector.progress_file import ProgressFileSource
-from collector.progress_summary import SummarisedProgress
+from collector.progress_summary import ExitsAfterSteps, LineStep, ProgressWindows, SummarisedProgress
 from collector.shipper import Shipper
-from collector.signal import LogLine, Signal
+from collector.signal import LogLine, ProgressSample, Signal
 from collector.sources.base import SignalSource
 from collector.sources.cri import CriLogSource
 from collector.sources.dcgm import DcgmSource, http_fetcher
@@ -159,6 +160,31 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
     return RegexPrefilter([hyperscan_pattern(p) for p in patterns])
 
 
+def build_line_steps(settings: AgentSettings) -> LineStep | None:
+    """Trainers' step lines summarised on the node, as hook progress is (None: summaries off, or no progress rules).
+
+    The service's own progress rules decide what a step is. A line a fault rule may also match goes on as a line,
+    and so does any progress line whose meaning depends on what came before (counted steps, pauses, the end):
+    the service reads those itself.
+    """
+    if settings.progress_summary_s <= 0:
+        return None
+    progress = load_progress_rules(settings.progress_rules_dirs)
+    if not progress:
+        return None
+    rules = load_rules(settings.rules_dirs)
+    faults = RegexPrefilter([hyperscan_pattern(p) for p in [r.pattern for r in rules] + context_patterns(rules)])
+    extractor = ProgressExtractor(progress)
+
+    def step(line: LogLine) -> ProgressSample | bool:
+        got = extractor.edge_step(line)
+        if isinstance(got, ProgressSample) and faults.matches(line.text):
+            return True
+        return got
+
+    return step
+
+
 def build_value_of(settings: AgentSettings) -> Callable[[Signal], Value]:
     """What a signal is worth keeping through an outage: lines a cause rule matches (an Xid) over lines
     other fault rules match (the symptoms), over everything else (progress lines, metrics)."""
@@ -207,8 +233,16 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     node = settings.node
     sources: list[SignalSource] = []
     meta = pod_metadata(settings)
-    sources.append(CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta, prefilter=prefilter,
-                                resume=checkpoints.section("container"), job=settings.job))
+    containers: SignalSource = CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta,
+                                            prefilter=prefilter, resume=checkpoints.section("container"),
+                                            job=settings.job)
+    line_steps = build_line_steps(settings)
+    step_windows: ProgressWindows | None = None
+    if line_steps is not None:
+        # Step lines leave as one summary per rank every progress_summary_s, like the hook's samples.
+        summarised = SummarisedProgress(containers, settings.progress_summary_s, from_lines=line_steps)
+        containers, step_windows = summarised, summarised.windows
+    sources.append(containers)
     if settings.kernel == "kmsg":
         try:
             sources.append(KmsgSource(node=node, path=settings.kmsg_path, boot_id_path=settings.boot_id_path,
@@ -232,8 +266,9 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                                             resume=checkpoints.section("flight-recorder"),
                                             settle_s=settings.flight_recorder_settle_s))
     if settings.process_exits and settings.proc_root.is_dir():
-        sources.append(ProcessExitSource(node=node, finder=ProcessFinder(
-            proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta, job=settings.job)))
+        exits: SignalSource = ProcessExitSource(node=node, finder=ProcessFinder(
+            proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta, job=settings.job))
+        sources.append(exits if step_windows is None else ExitsAfterSteps(exits, step_windows))
     if settings.ib_root.is_dir():
         sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
     if settings.nvml:

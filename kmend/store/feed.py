@@ -25,12 +25,13 @@ from sqlalchemy import BigInteger, ColumnClause, Connection, delete, literal_col
 from analyzer.detectors.flight_recorder import Dump, Entry
 from analyzer.detectors.stacks import StackSample
 from analyzer.digest import BatchDigest, DumpReport, StackReport
-from analyzer.metric_eval import SeriesState
+from analyzer.metric_eval import SeriesState, SignalEvaluator
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
 from collector.signal import MetricSample, Signal, Source
 from kmend.serialize import finding_from_dict, finding_to_dict
 from kmend.store import schema
+from kmend.store.series import stored_series
 from kmend.store.store import IngestOutcome, Store, _kept
 
 CURSOR = "leader"
@@ -112,9 +113,13 @@ class Feed:
 
     def ingest(self, signals: Sequence[Signal], digest: Callable[[Sequence[Signal]], BatchDigest],
                series: Callable[[], Sequence[SeriesState]] | None = None,
-               origin: tuple[str, int] | None = None) -> tuple[IngestOutcome, BatchDigest | None]:
+               origin: tuple[str, int] | None = None, evaluator: SignalEvaluator | None = None
+               ) -> tuple[IngestOutcome, BatchDigest | None]:
         """Store a batch's lines and producer mark and its digest as one feed row, in one transaction.
 
+        With `evaluator`, the stored states of the metric series the batch moves are read and
+        adopted before the batch is analysed: a node's batches may alternate between replicas, and a counter's
+        increase or a run of samples over a threshold must be judged on the series' whole past, once.
         Returns the outcome (findings, no incidents: the leader correlates) and the digest (None: a replay).
         """
         store = self.store
@@ -126,12 +131,14 @@ class Feed:
                 if not self._take_number(conn, *origin):
                     return IngestOutcome(0, len(signals), (), ()), None
                 fresh = list(unique.values())
+                self._adopt_series(conn, evaluator, fresh)
                 got = digest(fresh)
                 evidence = {e for f in got.findings for e in f.evidence} if store.lines == "evidence" else None
                 store._insert_new(conn, [s for s in fresh if _kept(s) and (evidence is None or s.id in evidence)])
             else:
                 new_ids = store._insert_new(conn, [s for s in unique.values() if _kept(s)])
                 fresh = [s for s in unique.values() if s.id in new_ids or not _kept(s)]
+                self._adopt_series(conn, evaluator, fresh)
                 got = digest(fresh)
             if not got.empty:
                 conn.execute(schema.replica_feed.insert().values(tx=_TX, at=self.clock(), body=digest_to_dict(got)))
@@ -139,6 +146,22 @@ class Feed:
             if fresh and series is not None:
                 store._upsert_series(conn, series())
         return IngestOutcome(len(fresh), len(signals) - len(fresh), got.findings, (), tuple(fresh)), got
+
+    @staticmethod
+    def _adopt_series(conn: Connection, evaluator: SignalEvaluator | None, fresh: Sequence[Signal]) -> None:
+        if evaluator is not None and (keys := evaluator.series_keys(fresh)):
+            evaluator.adopt(keys, stored_series(conn, keys))
+
+    def open_incidents_by_node(self) -> dict[str, list[str]]:
+        """Ids of the open or remediating incidents rooted on each node, oldest first, as the leader stored them."""
+        inc = schema.incidents
+        q = (select(inc.c.node, inc.c.id).where(inc.c.state.in_(("open", "remediating")), inc.c.node.is_not(None))
+             .order_by(inc.c.opened_at, inc.c.id))
+        out: dict[str, list[str]] = {}
+        with self.store.engine.connect() as conn:
+            for node, iid in conn.execute(q):
+                out.setdefault(node, []).append(iid)
+        return out
 
     def append(self, digest: BatchDigest) -> None:
         """One feed row outside a signal batch (a stack or Flight Recorder dump)."""

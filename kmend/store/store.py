@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +31,7 @@ from kmend.serialize import (
 from kmend.store import schema
 from kmend.store.ledger import Ledger
 from kmend.store.retention import Retention, prune
+from kmend.store.series import series_row, series_state
 
 MIGRATION_LOCK = 0x6B6D656E64
 """PostgreSQL advisory lock key held while the schema is migrated ("kmend")."""
@@ -275,9 +274,7 @@ class Store:
     def _upsert_series(self, conn: Connection, states: Sequence[SeriesState]) -> None:
         if not states:
             return
-        rows = [{"id": hashlib.sha256(json.dumps(st.key).encode()).hexdigest(), "ts": st.ts,
-                 "body": {"key": list(st.key), "value": st.value, "ts": st.ts, "streak": dict(st.streak)}}
-                for st in states]
+        rows = [series_row(st) for st in states]
         stmt = self._insert(schema.metric_series)
         stmt = stmt.on_conflict_do_update(index_elements=["id"], set_={"ts": stmt.excluded.ts,
                                                                        "body": stmt.excluded.body})
@@ -287,9 +284,7 @@ class Store:
     def metric_series(self) -> list[SeriesState]:
         """The stored last sample of every watched metric series."""
         with self.engine.connect() as conn:
-            return [SeriesState(tuple(b["key"]), float(b["value"]), float(b["ts"]),
-                                {str(k): int(v) for k, v in b["streak"].items()})
-                    for (b,) in conn.execute(select(schema.metric_series.c.body))]
+            return [series_state(b) for (b,) in conn.execute(select(schema.metric_series.c.body))]
 
     def _write_results(self, conn: Connection, found: Sequence[Finding], changed: Iterable[Incident],
                        merges: Iterable[tuple[str, str]]) -> None:
