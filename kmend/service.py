@@ -132,6 +132,8 @@ class Kmend:
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
         self.ready = False
+        self.on_start: list[Callable[[], None]] = []
+        """Called once the store is migrated and the state rebuilt (what happened before the store existed)."""
         self.replicas: Replicas | None = None
         """Set when several replicas share PostgreSQL: ingest writes the feed, the Lease holder correlates."""
 
@@ -144,6 +146,8 @@ class Kmend:
         # a counter that did not move is not an increase from zero.
         self.signals.restore(self.store.metric_series())
         self.rebuild()
+        for started in self.on_start:
+            started()
         self.ready = True
 
     def rebuild(self) -> None:
