@@ -328,7 +328,8 @@ class Healing:
         on_node: list[PodInfo] = []
         if node and inc.hardware:
             # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
-            on_node = [p for p in self.ctx.workloads.list_pods(node=node) if p.node and not p.terminating]
+            # From the pod watch where it is in sync (a list otherwise): no request before the plan.
+            on_node = [p for p in self.ctx.workloads.pods_on_node(node) if p.node and not p.terminating]
             bound = jobs_bound(on_node)
             job = job if job in bound else (bound[0] if len(bound) == 1 else "")
         namespace = None

@@ -128,11 +128,16 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     store = Store(settings.database_url, lines=settings.store_lines)
     leader = leader or make_leader(settings, leases)
     metrics = metrics or Metrics()
+    scheduler = early.scheduler if early is not None else make_scheduler(settings, cluster, leader, metrics,
+                                                                         pod_scheduling)
+    watch = getattr(scheduler.port, "pods_on_node", None) if scheduler is not None else None
+    if callable(watch) and hasattr(workloads, "pod_watch"):
+        # The healer's "which pods run on this node now" reads the scheduler's pod watch (KubeWorkloads).
+        setattr(workloads, "pod_watch", watch)  # noqa: B010 - an attribute of the Kubernetes adapter only
     kmend = Kmend(
         store, cluster, rules, notifier or make_notifier(settings),
         workloads=workloads, policy=policy, leader=leader, metrics=metrics,
-        scheduler=early.scheduler if early is not None else make_scheduler(settings, cluster, leader, metrics,
-                                                                             pod_scheduling),
+        scheduler=scheduler,
         healer=HealerConfig(PolicyConfig(dry_run=settings.dry_run, require_approval=settings.require_approval),
                             symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s,
                             detector_interval_s=settings.detector_interval_s,
