@@ -131,6 +131,7 @@ class Kmend:
         self._lock = threading.RLock()
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
+        self.healing.background.on_done = self.wake  # a quarantine finished in the background: drain and go on at once
         self.ready = False
         self.on_start: list[Callable[[], None]] = []
         """Called once the store is migrated and the state rebuilt (what happened before the store existed)."""
@@ -360,14 +361,15 @@ class Kmend:
 
     # -- healing ---------------------------------------------------------------------
 
-    def heal_once(self, *, interrupted: Callable[[], bool] = lambda: False) -> list[Plan]:
+    def heal_once(self, *, interrupted: Callable[[], bool] = lambda: False, detach: bool = False) -> list[Plan]:
         """Plan for new incidents and run runnable plans; returns the plans touched.
 
-        ``interrupted`` tells the round that new work has come: it stops resuming older plans.
+        ``interrupted`` tells the round that new work has come: it stops resuming older plans. ``detach`` (the
+        loop): new plans' quarantines go on in the background after their cordons (``Healing.heal_once``).
         """
         with self._lock:
             incidents = self.analyzer.correlator.active()
-        return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
+        return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted, detach=detach)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
@@ -402,7 +404,7 @@ class Kmend:
             except Exception:
                 log.exception("reading the replica feed failed")
             try:
-                self.heal_once(interrupted=self._wake.is_set)
+                self.heal_once(interrupted=self._wake.is_set, detach=True)
                 self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")
