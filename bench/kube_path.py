@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -88,9 +89,12 @@ def _server(rbac: RoleRules, tmp: Path) -> FakeApiServer:
     if OPTIONS["write_ms"]:
         # Each write takes as long as on a real server (etcd's commit, admission): the fake answers in microseconds.
         handle, delay = api.handle, OPTIONS["write_ms"] / 1000
+        slowed = threading.Event()  # set once the cluster is built: kmend's writes pay, the setup does not
+        api.slowed = slowed  # type: ignore[attr-defined]
 
-        def slow(method: str, path: str, body: Any, ctype: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
-            if method in ("POST", "PUT", "PATCH", "DELETE"):
+        def slow(method: str, path: str, body: Any, ctype: str,
+                 query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+            if method in ("POST", "PUT", "PATCH", "DELETE") and slowed.is_set():
                 time.sleep(delay)
             return handle(method, path, body, ctype, query)
 
@@ -203,6 +207,7 @@ def _cordon_samples(faults: int, tmp: Path) -> tuple[list[float], list[float], l
     with _server(rbac, tmp) as api:
         # Enough nodes that the breaker (10 % of GPU nodes) never stops one fault at a time.
         _cluster(api, faults * 12)
+        getattr(api, "slowed", threading.Event()).set()
         cordoned = _cordon_clock(api)
         # The floor: the cordon alone, a plain client's PATCH on the same server, as the server sees it land.
         core = _client(api)

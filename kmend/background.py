@@ -4,7 +4,8 @@ On a real API server each write takes milliseconds: a fault that arrives while t
 taint, label, condition and Event used to wait for all of them (p50 ~40 ms where a lone fault is cordoned in
 14-21 ms). The healer loop now makes each new plan's cordon in its round and hands the rest of the quarantine to
 this pool: one task per plan, so a node's steps still follow each other; the executor still journals each step
-before it acts and asks the brakes one step at a time. A plan is resumed by the loop only once its task is done.
+before it acts and asks the brakes one step at a time. A plan is resumed by the loop only once its task is done, in
+the loop's next round (not at once: the drain it resumes must not sit in front of the next fault's cordon).
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ class Background:
         self.stop_before = stop_before
         """Where each task stops (the steps after the quarantine are the loop's)."""
         self.parallel = parallel
-        self.on_done: Callable[[], None] | None = None
-        """Called when a task has finished (the loop wakes to go on with the plan at once)."""
         self._tasks: dict[str, tuple[str, Future[Plan]]] = {}
         self._pool: ThreadPoolExecutor | None = None
 
@@ -75,10 +74,6 @@ class Background:
                     task.result(timeout=timeout)
 
     def _run(self, plan: Plan) -> Plan:
-        try:
-            done = self.executor.execute(plan, stop_before=self.stop_before)
-            self.announce(Announcement.PLAN_CREATED, done)
-            return done
-        finally:
-            if self.on_done is not None:
-                self.on_done()
+        done = self.executor.execute(plan, stop_before=self.stop_before)
+        self.announce(Announcement.PLAN_CREATED, done)
+        return done

@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,16 +56,24 @@ def cluster_choice(settings: Settings) -> tuple[str, Settings]:
     return choice, settings
 
 
-def kube_ports(settings: Settings) -> Ports:
-    """The real cluster's adapters (nodes through their watch-fed cache)."""
+def kube_ports(settings: Settings, *, then: Callable[[Cluster, Leases], None] | None = None) -> Ports:
+    """The real cluster's adapters (nodes through their watch-fed cache).
+
+    ``then`` runs once the cluster and its Leases exist, before the Workloads adapter (whose API classes take the
+    client a fifth of a second to build): the gang scheduler starts there.
+    """
     from healer.kube.cluster import KubeCluster  # only here: the sim default needs no client
     from healer.kube.lease import KubeLeases
-    from healer.kube.workloads import KubeWorkloads
 
     log.info("acting on a real cluster")
     cluster = KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
                                       event_namespace=settings.event_namespace, node_cache=True)
-    return Ports(cluster, KubeWorkloads(cluster.api), KubeLeases(cluster.api))
+    leases = KubeLeases(cluster.api)
+    if then is not None:
+        then(cluster, leases)
+    from healer.kube.workloads import KubeWorkloads
+
+    return Ports(cluster, KubeWorkloads(cluster.api), leases)
 
 
 def make_leader(settings: Settings, leases: Leases | None) -> LeaderElector | AlwaysLeader:
@@ -134,24 +143,31 @@ def start_early(settings: Settings) -> Early | None:
     from healer.kube.pods import KubePodScheduling
     from kmend.metrics import Metrics
 
-    ports = kube_ports(settings)
-    leader = make_leader(settings, ports.leases)
-    metrics = Metrics()
-    if settings.scheduler is False:
-        return Early(ports, leader, metrics, None, None)
-    assert isinstance(ports.cluster, KubeCluster)
-    kube = KubePodScheduling(ports.cluster.api, clock=time.time)
-    scheduler = GangScheduler(port=kube, is_leader=leader.is_leader, clock=time.time,
-                              config=SchedulerConfig(scheduler_name=settings.scheduler_name),
-                              metrics=SchedulerMetrics(metrics.registry))
-    kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
-    kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
-    loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
+    started: list[tuple[LeaderElector | AlwaysLeader, Metrics, GangScheduler | None, SchedulerLoop | None]] = []
 
-    def lead_then_schedule() -> None:
-        # The healer loop renews the Lease once it runs; until then this first acquisition lets the scheduler act.
-        leader.tick()
-        loop.start()
+    def schedule(cluster: Cluster, leases: Leases) -> None:
+        leader = make_leader(settings, leases)
+        metrics = Metrics()
+        if settings.scheduler is False:
+            started.append((leader, metrics, None, None))
+            return
+        assert isinstance(cluster, KubeCluster)
+        kube = KubePodScheduling(cluster.api, clock=time.time)
+        scheduler = GangScheduler(port=kube, is_leader=leader.is_leader, clock=time.time,
+                                  config=SchedulerConfig(scheduler_name=settings.scheduler_name),
+                                  metrics=SchedulerMetrics(metrics.registry))
+        kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
+        kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
+        loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
 
-    threading.Thread(target=lead_then_schedule, name="kmend-early", daemon=True).start()
+        def lead_then_schedule() -> None:
+            # The healer loop renews the Lease once it runs; until then this first acquisition lets the scheduler act.
+            leader.tick()
+            loop.start()
+
+        threading.Thread(target=lead_then_schedule, name="kmend-early", daemon=True).start()
+        started.append((leader, metrics, scheduler, loop))
+
+    ports = kube_ports(settings, then=schedule)
+    leader, metrics, scheduler, loop = started[0]
     return Early(ports, leader, metrics, scheduler, loop)

@@ -131,7 +131,6 @@ class Kmend:
         self._lock = threading.RLock()
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
-        self.healing.background.on_done = self.wake  # a quarantine finished in the background: drain and go on at once
         self.ready = False
         self.on_start: list[Callable[[], None]] = []
         """Called once the store is migrated and the state rebuilt (what happened before the store existed)."""

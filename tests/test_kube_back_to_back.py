@@ -48,7 +48,8 @@ def _write_of(method: str, path: str, body: Any) -> tuple[str, str] | None:
         if "taints" in spec:
             return node, "taint"
         return node, "label"
-    if method == "POST" and path.endswith("/events") and isinstance(body, dict) and body.get("reason") == "KmendQuarantine":
+    if method == "POST" and path.endswith("/events") and isinstance(body, dict) \
+            and body.get("reason") == "KmendQuarantine":
         return (body.get("involvedObject") or {}).get("name", ""), "event"
     return None
 
