@@ -169,15 +169,22 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     if isinstance(elector, LeaderElector):
         scheduler = kmend.scheduler
 
+        # start_early's first tick may come before the schema exists: recorded once it does (Kmend.start).
+        recording = [early is None]
+
         def lease_changed(lease: LeaseRecord | None) -> None:
-            store.ledger.lease_seen(lease, settings.lease_name)
+            if recording[0]:
+                store.ledger.lease_seen(lease, settings.lease_name)
             if lease is not None and scheduler is not None:
                 scheduler.wake()  # leading now: gangs that wait are placed at once, not at the next tick
 
+        def record_lease() -> None:
+            recording[0] = True
+            if elector.observed is not None:
+                store.ledger.lease_seen(elector.observed, settings.lease_name)
+
         elector.on_change = lease_changed
-        if elector.observed is not None:
-            # Taken before the store was built (start_early): recorded once the schema is there (Kmend.start).
-            kmend.on_start.append(lambda: lease_changed(elector.observed))
+        kmend.on_start.append(record_lease)
     return kmend
 
 

@@ -129,3 +129,37 @@ def test_a_gang_waiting_at_start_is_bound_before_the_service_is_built(tmp_path: 
             done.set()
             listener.close()
 
+
+
+def test_the_lease_taken_before_the_store_exists_is_recorded_once_it_does(tmp_path: Path) -> None:
+    from sqlalchemy import select
+
+    from kmend.early import start_early
+    from kmend.settings import Settings
+    from kmend.store import schema
+    from kmend.wiring import make_kmend
+
+    with FakeApiServer() as api:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "f",
+            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
+            "users": [{"name": "k", "user": {"token": "t"}}],
+            "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+        settings = Settings(cluster="kube", kubeconfig=str(kubeconfig), identity="kmend-a",
+                            database_url=f"sqlite:///{tmp_path / 'k.db'}")
+        early = start_early(settings)
+        assert early is not None and early.loop is not None
+        try:
+            deadline = time.monotonic() + 60
+            while not early.leader.is_leader() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert early.leader.is_leader()  # taken while there is no schema yet
+            kmend = make_kmend(settings, early=early)
+            kmend.start()
+            with kmend.store.engine.connect() as conn:
+                rows = conn.execute(select(schema.leases_seen.c.name, schema.leases_seen.c.holder)).all()
+            assert [tuple(r) for r in rows] == [("kmend-healer", "kmend-a")]
+            kmend.store.close()
+        finally:
+            early.loop.stop()
