@@ -19,7 +19,8 @@ clock when it takes the write, not from a poll. Prints one JSON object per measu
 
 ``--serve-from DIR`` runs `kmend serve` from another source tree (an older checkout) against the
 same server, to compare on the same machine; ``--compare DIR`` measures signal → cordon of this tree and of DIR
-in alternating rounds of one run and prints their ratio; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
+in alternating rounds of one run and prints their ratio; ``--write-ms MS`` makes each write on the fake take that
+long, as on a real server; ``KMEND_BENCH_PROFILE=DIR`` runs it under py-spy.
 
 These are figures against the loopback fake, not a real kube-apiserver: its per-request cost is
 lower, so they bound kmend's own overhead rather than predict a production cluster.
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,8 +59,8 @@ from tests.procs import wait_ready  # noqa: E402
 
 NODE = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8", "pods": "110"}
 TOKEN = "sa-token"
-OPTIONS: dict[str, Any] = {"tls": False, "serve_from": ""}
-"""--tls and --serve-from, as parsed."""
+OPTIONS: dict[str, Any] = {"tls": False, "serve_from": "", "write_ms": 0.0}
+"""--tls, --serve-from and --write-ms, as parsed."""
 PROFILE = os.environ.get("KMEND_BENCH_PROFILE", "")
 """A folder: when set, `kmend serve` runs under py-spy and each measurement leaves its samples there."""
 
@@ -76,13 +78,27 @@ def _cluster(api: FakeApiServer, nodes: int) -> None:
 
 
 def _describe() -> str:
-    what = "loopback fake, RBAC enforced" + (", TLS" if OPTIONS["tls"] else "")
+    what = "loopback fake, RBAC enforced" + (", TLS" if OPTIONS["tls"] else "") + (
+        f", {OPTIONS['write_ms']:g} ms per write" if OPTIONS["write_ms"] else "")
     return what + (f"; kmend from {OPTIONS['serve_from']}" if OPTIONS["serve_from"] else "")
 
 
 def _server(rbac: RoleRules, tmp: Path) -> FakeApiServer:
     """The loopback API server, behind TLS with a throwaway certificate when --tls asks for it (a real server is)."""
     api = FakeApiServer(rbac=rbac)
+    if OPTIONS["write_ms"]:
+        # Each write takes as long as on a real server (etcd's commit, admission): the fake answers in microseconds.
+        handle, delay = api.handle, OPTIONS["write_ms"] / 1000
+        slowed = threading.Event()  # set once the cluster is built: kmend's writes pay, the setup does not
+        api.slowed = slowed  # type: ignore[attr-defined]
+
+        def slow(method: str, path: str, body: Any, ctype: str,
+                 query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+            if method in ("POST", "PUT", "PATCH", "DELETE") and slowed.is_set():
+                time.sleep(delay)
+            return handle(method, path, body, ctype, query)
+
+        api.handle = slow  # type: ignore[method-assign]
     if OPTIONS["tls"]:
         cert, key = tmp / "tls.crt", tmp / "tls.key"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
@@ -191,6 +207,7 @@ def _cordon_samples(faults: int, tmp: Path) -> tuple[list[float], list[float], l
     with _server(rbac, tmp) as api:
         # Enough nodes that the breaker (10 % of GPU nodes) never stops one fault at a time.
         _cluster(api, faults * 12)
+        getattr(api, "slowed", threading.Event()).set()
         cordoned = _cordon_clock(api)
         # The floor: the cordon alone, a plain client's PATCH on the same server, as the server sees it land.
         core = _client(api)
@@ -371,6 +388,8 @@ def main() -> None:
     p.add_argument("--only", choices=("cordon", "leaf", "binds"), action="append",
                    help="run only these measurements (repeatable); all three by default")
     p.add_argument("--tls", action="store_true", help="serve the API over TLS, as a real server does")
+    p.add_argument("--write-ms", type=float, default=0.0, metavar="MS",
+                   help="the fake takes this long for each write, as a real server does (a few ms)")
     p.add_argument("--serve-from", default="", metavar="DIR",
                    help="run `kmend serve` from this source tree (an older checkout, to compare in one run)")
     p.add_argument("--real-faults", type=int, default=30,
@@ -378,7 +397,7 @@ def main() -> None:
     p.add_argument("--compare", default="", metavar="DIR",
                    help="signal → cordon of this tree and of DIR in alternating rounds of one run, with ratios")
     args = p.parse_args()
-    OPTIONS.update(tls=args.tls, serve_from=args.serve_from)
+    OPTIONS.update(tls=args.tls, serve_from=args.serve_from, write_ms=args.write_ms)
     real = bool(real_kubeconfig())
     if args.compare:
         with tempfile.TemporaryDirectory() as d:

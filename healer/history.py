@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from healer.acceptance import is_acceptance
 from healer.policy_file import RepairKind, Safety
 from healer.records import Plan, StepKind, StepState
 from healer.safety import OPERATOR_POLICY_PREFIX
@@ -53,3 +55,24 @@ def node_history(plans: list[Plan], safety: Safety, now: float, gpu: str | None)
     attempts = repair_attempts(plans, now - safety.attempts_window_s, gpu)
     faults = hardware_faults(plans, now - safety.lemon_window_s)
     return attempts, lemon_reason(faults, safety, counting_this_one=True)
+
+
+def node_records(plans: Iterable[Plan], s: Safety, now: float) -> dict[str, dict[str, Any]]:
+    """Per node: the last health check, hardware faults and MTBI within the lemon window, the lemon verdict."""
+    by_node: dict[str, list[Plan]] = {}
+    for p in plans:
+        if p.node:
+            by_node.setdefault(p.node, []).append(p)
+    out: dict[str, dict[str, Any]] = {}
+    for node, mine in by_node.items():
+        checks = sorted((p for p in mine if is_acceptance(p)), key=lambda p: p.created_at)
+        faults = hardware_faults(mine, now - s.lemon_window_s)
+        out[node] = {
+            "validation": None if not checks else {
+                "state": checks[-1].state.value, "plan": checks[-1].id, "at": checks[-1].created_at,
+                "result": next((x.result for x in checks[-1].steps if x.kind is StepKind.VALIDATE), ""),
+                "history": [{"plan": p.id, "state": p.state.value, "at": p.created_at} for p in checks[-10:]]},
+            "faults_in_window": len(faults), "mtbi_s": mtbi_s(faults),
+            "lemon": lemon_reason(faults, s, counting_this_one=False) or None,
+        }
+    return out

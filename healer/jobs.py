@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from healer.keys import JOB_LABEL, POD_GROUP_LABELS
-from healer.workloads import ObjectKey, PodInfo
+from healer.keys import JOB_LABEL, MANAGED_LABEL, POD_GROUP_LABELS
+from healer.workloads import ObjectKey, PodInfo, Workloads
 
 JOB_NAME_LABELS = (
     JOB_LABEL,
@@ -103,3 +103,13 @@ def recreatable(manifest: Mapping[str, Any]) -> dict[str, Any]:
     spec = dict(manifest.get("spec") or {})
     spec.pop("nodeName", None)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": keep, "spec": spec}
+
+
+def job_opted_out(workloads: Workloads, namespace: str, job: str, pod_labels: list[dict[str, str]]) -> str:
+    """Why kmend leaves this job alone (its namespace or pods say ``kmend.io/managed=false``), or ""."""
+    ns = workloads.get_object(ObjectKey("v1", "Namespace", "", namespace)) or {}
+    if ns.get("metadata", {}).get("labels", {}).get(MANAGED_LABEL) == "false":
+        return f"namespace {namespace} has {MANAGED_LABEL}=false"
+    if any(labels.get(MANAGED_LABEL) == "false" for labels in pod_labels):
+        return f"job {job} has {MANAGED_LABEL}=false"
+    return ""

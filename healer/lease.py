@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -81,6 +82,7 @@ class LeaderElector:
         self.clock = clock
         self.renew_s = min(renew_s, duration_s / 3)
         self._held: LeaseRecord | None = None
+        self._ticking = threading.Lock()
         self.on_change: Callable[[LeaseRecord | None], None] | None = None
 
     def is_leader(self) -> bool:
@@ -94,7 +96,11 @@ class LeaderElector:
         return self._held
 
     def tick(self) -> bool:
-        """Acquire or renew once; returns whether this replica leads afterwards."""
+        """Acquire or renew once; returns whether this replica leads afterwards (one tick at a time)."""
+        with self._ticking:
+            return self._tick()
+
+    def _tick(self) -> bool:
         now = self.clock()
         try:
             if self._held is not None:

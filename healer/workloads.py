@@ -96,6 +96,11 @@ class Workloads(Protocol):
         """Pods that are not finished, filtered by namespace, node and label equality."""
         ...
 
+    def pods_on_node(self, node: str) -> Sequence[PodInfo]:
+        """The unfinished pods bound to ``node`` now, for a decision (which job a fault hurts): from a pod watch
+        where one is in sync, else listed. ``manifest`` may be empty; a step that recreates pods lists them."""
+        ...
+
     def evict_pod(self, namespace: str, name: str, grace_s: int) -> None:
         """Evict through the Eviction API with this grace period."""
         ...

@@ -30,15 +30,17 @@ from kmend.api import (
 )
 from kmend.api.deps import Caller, ReadAuth, ReviewCache, describe
 from kmend.api.limits import BodyLimit
+from kmend.early import SchedulerLoop
 from kmend.service import Kmend
 from kmend.settings import Settings
 
 
 def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True,
-               token_reviewer: TokenReviewer | None = None) -> FastAPI:
+               token_reviewer: TokenReviewer | None = None, scheduler_loop: SchedulerLoop | None = None) -> FastAPI:
     """An app serving `kmend`; the healer loop runs while the app runs.
 
-    `token_reviewer` checks Kubernetes tokens when ``settings.token_review`` is on.
+    `token_reviewer` checks Kubernetes tokens when ``settings.token_review`` is on; ``scheduler_loop`` is the gang
+    scheduler already running (``start_early``), stopped with the app.
     """
 
     @asynccontextmanager
@@ -47,27 +49,26 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True,
             kmend.start()
         stop = threading.Event()
         workers = []
+        loop = scheduler_loop
         if run_healer:
             workers.append(threading.Thread(target=kmend.run_healer, args=(stop,), name="kmend-healer", daemon=True))
-            if kmend.scheduler is not None:
-                workers.append(threading.Thread(target=kmend.scheduler.run, args=(stop, settings.scheduler_interval_s),
-                                                name="kmend-scheduler", daemon=True))
+            if loop is None and kmend.scheduler is not None:
+                loop = SchedulerLoop(kmend.scheduler, settings.scheduler_interval_s)
         for w in workers:
             w.start()
+        if loop is not None:
+            loop.start()
         try:
             yield
         finally:
             stop.set()
             kmend.wake()
-            if kmend.scheduler is not None:
-                kmend.scheduler.wake()
+            if loop is not None:
+                loop.stop()  # and the Kubernetes port's watch threads with it
+            elif kmend.scheduler is not None and callable(close := getattr(kmend.scheduler.port, "close", None)):
+                close()
             for w in workers:
                 w.join(timeout=10)
-            if kmend.scheduler is not None:
-                # The Kubernetes port follows pods with a watch thread of its own; SimPods has none.
-                close = getattr(kmend.scheduler.port, "close", None)
-                if callable(close):
-                    close()
 
     # The schema and its UI are routes like any other: a reader or operator token (none in open mode).
     app = FastAPI(title="kmend", version="0.1.0", lifespan=lifespan, openapi_url=None, docs_url=None,

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
-from kmend.commands import agent, analyze, ctl, demo, evaluate, fluentbit, policy, rules, serve
 from kmend.errors import EXIT_CONFIG, ConfigError
+
+COMMANDS = ("serve", "agent", "analyze", "demo", "fluentbit", "rules", "evaluate", "policy", "ctl")
+"""The modules under kmend.commands, in the order `kmend --help` lists them (each registers its subcommands)."""
+NAMES = {"serve": "serve", "agent": "agent", "analyze": "analyze", "demo": "demo", "fluentbit-config": "fluentbit",
+         "rules": "rules", "eval": "evaluate", "policy": "policy"}
+"""The module that registers a subcommand, by the name a user types; any other word (ctl's verbs, help, a typo)
+registers every module."""
 
 # Installed by the `service` extra only: the agent image and `pip install kmend` leave them out.
 SERVICE_ONLY = frozenset({"fastapi", "uvicorn", "starlette", "sqlalchemy", "alembic", "psycopg", "kubernetes",
@@ -17,8 +24,12 @@ SERVICE_ONLY = frozenset({"fastapi", "uvicorn", "starlette", "sqlalchemy", "alem
                           "tenacity"})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand registered."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered, or only the module of ``only`` (a command's name).
+
+    Each command's module is imported only when registered: `kmend serve` does not load the node agent's
+    modules (a quarter of a second of its start-up), nor `kmend agent` the control plane's.
+    """
     parser = argparse.ArgumentParser(prog="kmend", description="Diagnose and heal GPU training clusters")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -28,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                         default=os.environ.get("KMEND_LOG_FORMAT", "text").lower(),
                         help="text for people, json (one object per line) for log pipelines (KMEND_LOG_FORMAT)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (serve, agent, analyze, demo, fluentbit, rules, evaluate, policy, ctl):
-        module.register(sub)
+    for name in (only,) if only else COMMANDS:
+        importlib.import_module(f"kmend.commands.{name}").register(sub)
     return parser
 
 
@@ -50,7 +61,10 @@ def setup_logging(level: str, fmt: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The first word that is not an option names the command; anything else (help, a typo) gets every command.
+    first = next((a for a in argv if not a.startswith("-")), "")
+    args = build_parser(NAMES.get(first)).parse_args(argv)
     level = "debug" if args.verbose else args.log_level or ("info" if args.command in ("serve", "agent") else "warning")
     setup_logging(level, args.log_format)
     try:

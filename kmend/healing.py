@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 from analyzer.records import Incident, IncidentState
 from healer import gpu_report
-from healer.acceptance import Candidate, acceptance_plan, candidates, is_acceptance
+from healer.acceptance import Candidate, acceptance_plan, candidates
 from healer.cluster import ClusterEvent, Condition, NotFoundError, Taint
 from healer.executor import PlanExecutor, describe
-from healer.history import hardware_faults, lemon_reason, mtbi_s, node_history
-from healer.jobs import jobs_bound, pods_of_job
+from healer.history import node_history, node_records
+from healer.jobs import job_opted_out, jobs_bound, pods_of_job
 from healer.keys import (
     CONDITION_TYPE,
     FAULT_TAINT_KEY,
@@ -39,7 +39,8 @@ from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
 from healer.steps.node import set_health
-from healer.workloads import ObjectKey, PodInfo, Workloads
+from healer.workloads import PodInfo
+from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.metrics import Metrics
 from kmend.store import Store
 
@@ -109,6 +110,8 @@ class Healing:
         self.resync_s = resync_s
         """How often the runnable ids are read again from the journal (a plan another replica's API saved)."""
         self._synced_at = float("-inf")
+        self.background = Background(self.executor, self._announce, stop_before=AFTER_QUARANTINE, parallel=parallel)
+        """New plans' quarantines after their cordons (detached rounds); resumed once harvested from it."""
 
     @property
     def notifier(self) -> Notifier:
@@ -118,7 +121,7 @@ class Healing:
     # -- the loop -------------------------------------------------------------------------------------
 
     def heal_once(self, incidents: Sequence[Incident], set_state: Callable[[str, IncidentState, str], None],
-                  *, interrupted: Callable[[], bool] = lambda: False) -> list[Plan]:
+                  *, interrupted: Callable[[], bool] = lambda: False, detach: bool = False) -> list[Plan]:
         """Plan for new incidents, then resume unfinished plans that are due; acts only while leading.
 
         New incidents come first: quarantining a failing node is the hot path, and plans already under
@@ -127,8 +130,12 @@ class Healing:
         whose step waits is asked again after ``resume_s`` (a repair or health check: twice as long each time
         nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
         says new work has come, the round stops resuming plans so that the caller can start the next one.
+
+        ``detach`` (the service's loop): new plans' taint, label, condition and Event go on in the background after
+        their cordons (``kmend.background``), so that the next fault's round does not wait for those writes.
         """
         with self.lock:
+            touched = [self._settle(self._track(p), set_state) for p in self.background.harvest()]
             if not self.leader.tick():
                 self.metrics.leader.set(0)
                 self._plan_ids = self._runnable = None
@@ -139,8 +146,8 @@ class Healing:
                 # Once per leadership and every resync_s, not every round: the loop tracks what it runs.
                 self._runnable = dict.fromkeys(self.store.runnable_plan_ids())
                 self._synced_at = now
-            touched = self._plan_new(incidents, set_state, now, interrupted)
-            fresh = {p.id for p in touched}
+            touched += self._plan_new(incidents, set_state, now, interrupted, detach)
+            fresh = {p.id for p in touched} | self.background.running()
             self._due = {k: v for k, v in self._due.items() if k in self._runnable}
             # At least one plan per round goes on, however often new work interrupts: none waits forever.
             resumed = 0
@@ -169,7 +176,7 @@ class Healing:
             return touched + self._accept_nodes(now)
 
     def _plan_new(self, incidents: Sequence[Incident], set_state: Callable[[str, IncidentState, str], None],
-                  now: float, interrupted: Callable[[], bool]) -> list[Plan]:
+                  now: float, interrupted: Callable[[], bool], detach: bool = False) -> list[Plan]:
         """Plans for incidents that have none yet; automatic ones quarantine their nodes first, all of them.
 
         The rest of each plan follows in the same round unless new work has come meanwhile: then it is left
@@ -206,24 +213,30 @@ class Healing:
             elif plan.mode is not Mode.AUTO:
                 self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
-        made = [self._track(p) for p in self._quarantine(made)]
+        made = [self._track(p) for p in self._quarantine(made, detach)]
         for ask in filter(None, map(gpu_report.report_request, made)):  # after every cordon of the round
             self.store.ledger.open(ask)
         if interrupted():
             return [self._settle(p, set_state) for p in made]
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
-                else self._settle(p, set_state) for p in made]
+                and p.id not in self.background.running() else self._settle(p, set_state) for p in made]
 
-    def _quarantine(self, plans: list[Plan]) -> list[Plan]:
+    def _quarantine(self, plans: list[Plan], detach: bool = False) -> list[Plan]:
         """Cordon, taint, label, condition, Event for every automatic plan, up to ``parallel`` plans at a time.
 
         The executor checks the brakes one plan at a time, so the plans of a leaf go out together and still
         stop at the breaker. The announcement follows: a webhook that answers slowly must not hold a cordon back.
+        ``detach``: only the cordons here, the rest in the background.
         """
         auto = [i for i, p in enumerate(plans) if p.mode is Mode.AUTO]
 
         def head(plan: Plan) -> Plan:
-            done = self._track(self.executor.execute(plan, stop_before=AFTER_QUARANTINE, journaled=False))
+            done = self.executor.execute(plan, stop_before=AFTER_CORDON if detach else AFTER_QUARANTINE,
+                                         journaled=False)
+            if detach and done.state is PlanState.RUNNING and next_kind(done) in QUARANTINE:
+                self.background.start(done)
+                return done
+            done = self._track(done)
             self._announce(Announcement.PLAN_CREATED, done)
             return done
 
@@ -269,25 +282,7 @@ class Healing:
 
     def node_records(self) -> dict[str, dict[str, Any]]:
         """Per node: the last health check, hardware faults and MTBI within the lemon window, the lemon verdict."""
-        s = self.policy.safety
-        now = self.ctx.clock()
-        by_node: dict[str, list[Plan]] = {}
-        for p in self.store.list_plans():
-            if p.node:
-                by_node.setdefault(p.node, []).append(p)
-        out: dict[str, dict[str, Any]] = {}
-        for node, plans in by_node.items():
-            checks = sorted((p for p in plans if is_acceptance(p)), key=lambda p: p.created_at)
-            faults = hardware_faults(plans, now - s.lemon_window_s)
-            out[node] = {
-                "validation": None if not checks else {
-                    "state": checks[-1].state.value, "plan": checks[-1].id, "at": checks[-1].created_at,
-                    "result": next((x.result for x in checks[-1].steps if x.kind is StepKind.VALIDATE), ""),
-                    "history": [{"plan": p.id, "state": p.state.value, "at": p.created_at} for p in checks[-10:]]},
-                "faults_in_window": len(faults), "mtbi_s": mtbi_s(faults),
-                "lemon": lemon_reason(faults, s, counting_this_one=False) or None,
-            }
-        return out
+        return node_records(self.store.list_plans(), self.policy.safety, self.ctx.clock())
 
     def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
         return self._settle(self._track(self.executor.execute(plan)), set_state)
@@ -328,7 +323,8 @@ class Healing:
         on_node: list[PodInfo] = []
         if node and inc.hardware:
             # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
-            on_node = [p for p in self.ctx.workloads.list_pods(node=node) if p.node and not p.terminating]
+            # From the pod watch where it is in sync (a list otherwise): no request before the plan.
+            on_node = [p for p in self.ctx.workloads.pods_on_node(node) if p.node and not p.terminating]
             bound = jobs_bound(on_node)
             job = job if job in bound else (bound[0] if len(bound) == 1 else "")
         namespace = None
@@ -339,7 +335,7 @@ class Healing:
             pods = pods_of_job(on_node, job, ns) or pods_of_job(self.ctx.workloads.list_pods(namespace=ns), job, ns)
             if pods:
                 namespace = pods[0].namespace
-                opted_out = opted_out or self._opted_out(self.ctx.workloads, pods[0].namespace, job,
+                opted_out = opted_out or job_opted_out(self.ctx.workloads, pods[0].namespace, job,
                                                          [dict(p.labels) for p in pods[:1]])
             else:
                 namespace = ns
@@ -355,15 +351,6 @@ class Healing:
         attempts, lemon = node_history(history, self.policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
         return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
                            lemon=lemon)
-
-    @staticmethod
-    def _opted_out(workloads: Workloads, namespace: str, job: str, pod_labels: list[dict[str, str]]) -> str:
-        ns = workloads.get_object(ObjectKey("v1", "Namespace", "", namespace)) or {}
-        if ns.get("metadata", {}).get("labels", {}).get(MANAGED_LABEL) == "false":
-            return f"namespace {namespace} has {MANAGED_LABEL}=false"
-        if any(labels.get(MANAGED_LABEL) == "false" for labels in pod_labels):
-            return f"job {job} has {MANAGED_LABEL}=false"
-        return ""
 
     def _count_step(self, plan: Plan, step: Any) -> None:
         self.metrics.actions.labels(step.kind.value, step.state.value).inc()
@@ -391,6 +378,7 @@ class Healing:
     def approve(self, plan_id: str, by: str, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
         """Run a plan that waits for approval."""
         with self.lock:
+            self.background.wait(plan_id=plan_id)
             plan = self.plan(plan_id)
             if plan.state is not PlanState.AWAITING_APPROVAL:
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}, not awaiting approval")
@@ -401,6 +389,7 @@ class Healing:
     def reject(self, plan_id: str, by: str) -> Plan:
         """Refuse a plan that waits for approval (or is blocked)."""
         with self.lock:
+            self.background.wait(plan_id=plan_id)
             plan = self.plan(plan_id)
             if plan.state not in (PlanState.AWAITING_APPROVAL, PlanState.BLOCKED, PlanState.PENDING):
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}: only waiting plans can be rejected")
@@ -412,6 +401,7 @@ class Healing:
                 dry_run: bool) -> tuple[Plan, list[dict[str, str]]]:
         """Preview (dry run) or run a plan now: an approval, a blocked plan after a breaker reset, a dry-run plan."""
         with self.lock:
+            self.background.wait(plan_id=plan_id)
             plan = self.plan(plan_id)
             preview = [{"step": s.id, "kind": s.kind.value, "state": s.state.value, "would": describe(s)}
                        for s in plan.steps if s.state not in (StepState.SUCCEEDED,)]
@@ -432,6 +422,7 @@ class Healing:
     def quarantine(self, node: str, by: str, reason: str) -> Plan:
         """An operator's quarantine, journaled like any plan."""
         with self.lock:
+            self.background.wait(node=node)
             self.ctx.cluster.get_node(node)  # NotFoundError → 404
             plan = operator_quarantine_plan(node, by, reason, self.ctx.clock())
             return self._track(self.executor.execute(plan, journaled=False))
@@ -439,6 +430,7 @@ class Healing:
     def release(self, node: str, by: str) -> list[str]:
         """An operator puts the node back in service: kmend's plans for it are cancelled, its marks removed."""
         with self.lock:
+            self.background.wait(node=node)
             self.ctx.cluster.get_node(node)
             cancelled = []
             for p in self.store.list_plans(node=node):
@@ -498,3 +490,4 @@ class Healing:
         assert answered is not None
         self._due.clear()  # the plan waiting on it goes on in the next round
         return answered
+

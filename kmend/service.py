@@ -132,6 +132,8 @@ class Kmend:
         self._retry_sleep = sleep or time.sleep
         self._wake = threading.Event()
         self.ready = False
+        self.on_start: list[Callable[[], None]] = []
+        """Called once the store is migrated and the state rebuilt (what happened before the store existed)."""
         self.replicas: Replicas | None = None
         """Set when several replicas share PostgreSQL: ingest writes the feed, the Lease holder correlates."""
 
@@ -144,6 +146,8 @@ class Kmend:
         # a counter that did not move is not an increase from zero.
         self.signals.restore(self.store.metric_series())
         self.rebuild()
+        for started in self.on_start:
+            started()
         self.ready = True
 
     def rebuild(self) -> None:
@@ -363,14 +367,15 @@ class Kmend:
 
     # -- healing ---------------------------------------------------------------------
 
-    def heal_once(self, *, interrupted: Callable[[], bool] = lambda: False) -> list[Plan]:
+    def heal_once(self, *, interrupted: Callable[[], bool] = lambda: False, detach: bool = False) -> list[Plan]:
         """Plan for new incidents and run runnable plans; returns the plans touched.
 
-        ``interrupted`` tells the round that new work has come: it stops resuming older plans.
+        ``interrupted`` tells the round that new work has come: it stops resuming older plans. ``detach`` (the
+        loop): new plans' quarantines go on in the background after their cordons (``Healing.heal_once``).
         """
         with self._lock:
             incidents = self.analyzer.correlator.active()
-        return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
+        return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted, detach=detach)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
         """Move an incident along (remediating, resolved) and store it."""
@@ -405,7 +410,7 @@ class Kmend:
             except Exception:
                 log.exception("reading the replica feed failed")
             try:
-                self.heal_once(interrupted=self._wake.is_set)
+                self.heal_once(interrupted=self._wake.is_set, detach=True)
                 self.metrics.healer_round.set_to_current_time()
             except Exception:
                 log.exception("healer round failed")

@@ -6,7 +6,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from analyzer.detectors.hang import HangConfig
@@ -20,11 +19,12 @@ from healer.gang.metrics import SchedulerMetrics
 from healer.gang.port import PodScheduling
 from healer.gang.scheduler import GangScheduler
 from healer.identity import TokenReviewer
-from healer.lease import AlwaysLeader, LeaderElector, LeaseRecord, Leases
+from healer.lease import AlwaysLeader, LeaderElector, LeaseRecord
 from healer.notify import AlertmanagerNotifier, FanOut, LogNotifier, Notifier, WebhookNotifier
 from healer.policy import PolicyConfig
 from healer.policy_file import load_policy
 from healer.workloads import Workloads
+from kmend.early import Early, Ports, cluster_choice, kube_ports, make_leader
 from kmend.healing import Leader
 from kmend.metrics import Metrics
 from kmend.service import HealerConfig, Kmend
@@ -38,20 +38,6 @@ from sim.world import JobSpec, SimWorld
 log = logging.getLogger("kmend")
 
 
-@dataclass(frozen=True, slots=True)
-class Ports:
-    """The cluster the service acts on."""
-
-    cluster: Cluster
-    """Nodes."""
-    workloads: Workloads
-    """Pods, owners, ConfigMaps."""
-    leases: Leases | None
-    """Leases for leader election (None: a single embedded replica)."""
-    world: SimWorld | None = None
-    """The simulated world, when simulated."""
-
-
 def default_health_check_template() -> Path:
     """deploy/healthcheck/job-template.yaml of this source tree."""
     return Path(__file__).resolve().parent.parent / "deploy" / "healthcheck" / "job-template.yaml"
@@ -59,21 +45,9 @@ def default_health_check_template() -> Path:
 
 def make_ports(settings: Settings) -> Ports:
     """The real cluster when configured (or auto-detected), else the simulated one."""
-    choice = settings.cluster
-    if choice == "auto":
-        in_cluster = settings.in_cluster or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-        has_kubeconfig = bool(settings.kubeconfig) or Path(os.environ.get("KUBECONFIG", "")).is_file()
-        choice = "kube" if (in_cluster or has_kubeconfig) else "sim"
-        settings = settings.model_copy(update={"in_cluster": in_cluster})
+    choice, settings = cluster_choice(settings)
     if choice == "kube":
-        from healer.kube.cluster import KubeCluster  # only here: the sim default needs no client
-        from healer.kube.lease import KubeLeases
-        from healer.kube.workloads import KubeWorkloads
-
-        log.info("acting on a real cluster")
-        cluster = KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
-                                          event_namespace=settings.event_namespace, node_cache=True)
-        return Ports(cluster, KubeWorkloads(cluster.api), KubeLeases(cluster.api))
+        return kube_ports(settings)
     log.info("acting on a simulated cluster of %d nodes", settings.sim_nodes)
     job = JobSpec("llama-70b-pretrain", settings.sim_job_nodes, checkpoint_path=settings.sim_checkpoint_path) \
         if settings.sim_job_nodes else None
@@ -93,15 +67,6 @@ def make_notifier(settings: Settings) -> Notifier:
     if not sinks:
         return LogNotifier()
     return sinks[0] if len(sinks) == 1 else FanOut(sinks)
-
-
-def make_leader(settings: Settings, leases: Leases | None) -> Leader:
-    """A Lease elector when the cluster has Leases, else a lone leader."""
-    if leases is None:
-        return AlwaysLeader()
-    return LeaderElector(leases, namespace=settings.namespace, name=settings.lease_name,
-                         identity=settings.identity or socket.gethostname(), duration_s=settings.lease_duration_s,
-                         clock=time.time)
 
 
 def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics: Metrics,
@@ -135,11 +100,18 @@ def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics
 
 def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads: Workloads | None = None,
                notifier: Notifier | None = None, metrics: Metrics | None = None,
-               leader: Leader | None = None, pod_scheduling: PodScheduling | None = None) -> Kmend:
-    """The service core for these settings (rules and the policy are validated here: a bad one stops start-up)."""
+               leader: Leader | None = None, pod_scheduling: PodScheduling | None = None,
+               early: Early | None = None) -> Kmend:
+    """The service core for these settings (rules and the policy are validated here: a bad one stops start-up).
+
+    ``early``: the real cluster's ports and the running scheduler that ``start_early`` made.
+    """
     rules = load_rules(settings.rules_dirs)
     policy = load_policy(settings.policy_file)
-    if cluster is None:
+    if early is not None:
+        cluster, workloads, leases = early.ports.cluster, early.ports.workloads, early.ports.leases
+        leader, metrics = early.leader, early.metrics
+    elif cluster is None:
         ports = make_ports(settings)
         cluster, workloads, leases = ports.cluster, ports.workloads, ports.leases
     else:
@@ -156,10 +128,16 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     store = Store(settings.database_url, lines=settings.store_lines)
     leader = leader or make_leader(settings, leases)
     metrics = metrics or Metrics()
+    scheduler = early.scheduler if early is not None else make_scheduler(settings, cluster, leader, metrics,
+                                                                         pod_scheduling)
+    watch = getattr(scheduler.port, "pods_on_node", None) if scheduler is not None else None
+    if callable(watch) and hasattr(workloads, "pod_watch"):
+        # The healer's "which pods run on this node now" reads the scheduler's pod watch (KubeWorkloads).
+        setattr(workloads, "pod_watch", watch)  # noqa: B010 - an attribute of the Kubernetes adapter only
     kmend = Kmend(
         store, cluster, rules, notifier or make_notifier(settings),
         workloads=workloads, policy=policy, leader=leader, metrics=metrics,
-        scheduler=make_scheduler(settings, cluster, leader, metrics, pod_scheduling),
+        scheduler=scheduler,
         healer=HealerConfig(PolicyConfig(dry_run=settings.dry_run, require_approval=settings.require_approval),
                             symptom_settle_s=settings.symptom_settle_s, interval_s=settings.healer_interval_s,
                             detector_interval_s=settings.detector_interval_s,
@@ -191,12 +169,22 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
     if isinstance(elector, LeaderElector):
         scheduler = kmend.scheduler
 
+        # start_early's first tick may come before the schema exists: recorded once it does (Kmend.start).
+        recording = [early is None]
+
         def lease_changed(lease: LeaseRecord | None) -> None:
-            store.ledger.lease_seen(lease, settings.lease_name)
+            if recording[0]:
+                store.ledger.lease_seen(lease, settings.lease_name)
             if lease is not None and scheduler is not None:
                 scheduler.wake()  # leading now: gangs that wait are placed at once, not at the next tick
 
+        def record_lease() -> None:
+            recording[0] = True
+            if elector.observed is not None:
+                store.ledger.lease_seen(elector.observed, settings.lease_name)
+
         elector.on_change = lease_changed
+        kmend.on_start.append(record_lease)
     return kmend
 
 

@@ -190,6 +190,9 @@ class SimWorkloads:
                 out.append(i)
             return sorted(out, key=lambda i: (i.namespace, i.name))
 
+    def pods_on_node(self, node: str) -> Sequence[PodInfo]:
+        return self.list_pods(node=node)
+
     def evict_pod(self, namespace: str, name: str, grace_s: int) -> None:
         with self._lock:
             self.tick()

@@ -17,18 +17,19 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from healer.kube.watch import events
-
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 Json = dict[str, Any]
+Key = tuple[str, str]
+"""(namespace, name); the namespace is empty for a cluster-scoped kind."""
 
 
 class _Expired(Exception):
@@ -41,13 +42,21 @@ class ListWatchCache(Generic[T]):
     ``list_fn(*args, **query)`` is the client's list call for the kind (``CoreV1Api.list_node``,
     ``CustomObjectsApi.list_cluster_custom_object`` with its group, version and plural as ``args``); it is called
     with ``watch=True`` for the stream. ``start`` lists synchronously (raising the client's errors, except 404), so
-    the first read is complete; ``stop`` ends the thread within ``read_timeout_s``.
+    the first read is complete; ``stop`` ends the thread within ``read_timeout_s``. An object that ``convert`` turns
+    into None is not kept (a finished pod): it reads as gone.
+
+    ``on_listed`` and ``on_applied`` are told, under the cache's lock, of each list that replaced the store and of
+    each object added, changed or gone (None) as it is applied: a reader that keeps its own log of changes (the pod
+    informer) stays consistent with the store when it reads both under that lock (``read``).
     """
 
-    def __init__(self, name: str, list_fn: Callable[..., Any], convert: Callable[[Json], T], *,
+    def __init__(self, name: str, list_fn: Callable[..., Any], convert: Callable[[Json], T | None], *,
                  args: tuple[Any, ...] = (), page_size: int = 1000, timeout_s: float = 30.0,
                  watch_timeout_s: int = 300, read_timeout_s: float = 10.0, retry_s: float = 1.0,
-                 absent_retry_s: float = 10.0, on_change: Callable[[], None] | None = None) -> None:
+                 absent_retry_s: float = 10.0, on_change: Callable[[], None] | None = None,
+                 on_object: Callable[[T], None] | None = None,
+                 on_listed: Callable[[Mapping[Key, T]], None] | None = None,
+                 on_applied: Callable[[Key, T | None], None] | None = None) -> None:
         self.name = name
         self.list_fn = list_fn
         self.args = args
@@ -63,6 +72,10 @@ class ListWatchCache(Generic[T]):
         """How often a kind the server does not serve (404) is listed again."""
         self.on_change = on_change
         """Called from the watch thread after each change is applied."""
+        self.on_object = on_object
+        """Called from the watch thread with each object added or changed (and kept), after it is applied."""
+        self.on_listed = on_listed
+        self.on_applied = on_applied
         self.lists = 0
         """Lists made (1 after ``start``; one more per expired watch)."""
         self.watches = 0
@@ -71,8 +84,10 @@ class ListWatchCache(Generic[T]):
         """The version the next watch starts from (the list's, then each event's or bookmark's)."""
         self.absent = False
         """The server answered 404 for the kind: it reads as empty."""
-        self._store: dict[tuple[str, str], T] = {}
-        self._versions: dict[tuple[str, str], str] = {}
+        self._watching = False
+        """The last list or watch request succeeded and no error came since: reads are as fresh as the stream."""
+        self._store: dict[Key, T] = {}
+        self._versions: dict[Key, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,6 +115,17 @@ class ListWatchCache(Generic[T]):
     def running(self) -> bool:
         """Whether the watch thread is alive."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def synced(self) -> bool:
+        """Listed, and the watch is running without an error since: what the cache holds is the server's state
+        as of a moment ago (a list answers instead while this is false)."""
+        return self.running and self.lists > 0 and self._watching and not self._stop.is_set()
+
+    def read(self, fn: Callable[[Mapping[Key, T]], R]) -> R:
+        """``fn`` of the store, under the lock that ``on_listed`` and ``on_applied`` run under."""
+        with self._lock:
+            return fn(self._store)
 
     def items(self) -> list[T]:
         """Every object as last seen, in no particular order."""
@@ -130,11 +156,14 @@ class ListWatchCache(Generic[T]):
                         continue
                 self._watch()
             except _Expired:
+                self._watching = False
                 log.info("%s watch expired at resourceVersion %s: listing again", self.name, self.resource_version)
                 relist = True
             except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
                 if self._stop.is_set():
                     return
+                if not isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+                    self._watching = False
                 if isinstance(exc, ApiException) and exc.status == 410:
                     relist = True
                     continue
@@ -144,8 +173,8 @@ class ListWatchCache(Generic[T]):
                     relist = relist or self.absent
 
     def _list(self) -> None:
-        found: dict[tuple[str, str], T] = {}
-        versions: dict[tuple[str, str], str] = {}
+        found: dict[Key, T] = {}
+        versions: dict[Key, str] = {}
         token: str | None = None
         version = ""
         try:
@@ -157,8 +186,10 @@ class ListWatchCache(Generic[T]):
                 # Every page of a paged list is one snapshot: the first page's version is the list's.
                 version = version or meta.get("resourceVersion") or ""
                 for obj in body.get("items") or ():
-                    found[_key(obj)] = self.convert(obj)
-                    versions[_key(obj)] = (obj.get("metadata") or {}).get("resourceVersion") or ""
+                    converted = self.convert(obj)
+                    if converted is not None:
+                        found[_key(obj)] = converted
+                        versions[_key(obj)] = (obj.get("metadata") or {}).get("resourceVersion") or ""
                 token = meta.get("continue")
                 if not token:
                     break
@@ -174,6 +205,9 @@ class ListWatchCache(Generic[T]):
             self._versions = versions
             self.resource_version = version
             self.lists += 1
+            if self.on_listed is not None:
+                self.on_listed(found)
+        self._watching = True
         if self.on_change is not None:
             self.on_change()
 
@@ -183,6 +217,7 @@ class ListWatchCache(Generic[T]):
                                  allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_s,
                                  _preload_content=False, _request_timeout=(self.timeout_s, self.read_timeout_s))
         self._stream = resp
+        self._watching = True
         try:
             for event in events(resp):
                 if self._stop.is_set():
@@ -209,12 +244,29 @@ class ListWatchCache(Generic[T]):
                 else:
                     self._store[key] = converted
                     self._versions[key] = version or ""
+                if self.on_applied is not None:
+                    self.on_applied(key, converted)
+            if converted is not None and self.on_object is not None:
+                self.on_object(converted)
             if self.on_change is not None:
                 self.on_change()
         if version:
             self.resource_version = version
 
 
-def _key(obj: Json) -> tuple[str, str]:
+def _key(obj: Json) -> Key:
     meta = obj.get("metadata") or {}
     return meta.get("namespace") or "", meta.get("name") or ""
+
+
+def events(resp: Any) -> Iterator[Json]:
+    """The JSON objects of a watch stream, one per line, as the chunks arrive."""
+    buffer = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+    if buffer.strip():
+        yield json.loads(buffer)

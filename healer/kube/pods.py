@@ -44,6 +44,7 @@ from healer.gang.records import (
 from healer.kube.cache import ListWatchCache
 from healer.kube.cluster import STRICT
 from healer.kube.watch import PodInformer
+from healer.workloads import PodInfo
 
 REASON_ANNOTATION = "kmend.io/schedule-reason"
 """PodGroup annotation holding kmend's reason (coscheduling's status schema has no message field)."""
@@ -295,6 +296,12 @@ class KubePodScheduling:
         groups = tuple(sorted((g for cache in self._groups for g in cache.items()),
                               key=lambda g: (g.kind, g.namespace, g.name)))
         return PodChanges(self._cursor, drained.full, drained.pods, drained.gone, snap_nodes, groups)
+
+    def pods_on_node(self, node: str) -> list[PodInfo] | None:
+        """The unfinished pods bound to ``node`` as the pod watch shows them; None until it runs and while it is
+        not in sync (the caller lists instead)."""
+        informer = self._informer
+        return None if informer is None else informer.on_node(node)
 
     def _groups_changed(self) -> None:
         if self.on_groups_change is not None:

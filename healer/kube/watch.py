@@ -1,11 +1,10 @@
-"""PodInformer: every pod kept current from one list and a watch, for ``KubePodScheduling.changes``.
+"""PodInformer: every unfinished pod kept current by a ``ListWatchCache``, with the change log the scheduler drains.
 
-client-go's reflector, reduced to what the gang scheduler needs: list all pods once and remember
-the list's ``resourceVersion``, then watch from it in a background thread (``allowWatchBookmarks``
-so an idle stream still moves the version on) and record each ADDED / MODIFIED / DELETED in a
-change log that ``drain`` hands over. A stream that ends or breaks is watched again from the last
-version seen, which loses nothing; an expired version (410 Gone, as an HTTP status or an ERROR
-event) means events were lost, so the pods are listed again and the next drain is a full one.
+The list, the watch from the list's ``resourceVersion`` (with bookmarks), the watch again from the last version
+after a stream ends, and the list again after a 410 Gone are the cache's (``healer.kube.cache``), as for nodes and
+PodGroups. On top of it the informer records each ADDED / MODIFIED / DELETED in a change log that ``drain`` hands
+over (every pod after a list: a full drain), indexes the pods by the node they are bound to, and keeps with each pod
+what the healer asks of it (owners, phase) so that "which pods run on this node now" is answered from the watch.
 
 Events are read raw (``_preload_content=False``) and parsed as JSON lines, as the lists are:
 building client models for every pod event would cost more than the rest of the cycle.
@@ -13,28 +12,18 @@ building client models for every pod event would cost more than the rest of the 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import urllib3
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from healer.gang.port import PodKey
 from healer.gang.records import PodRecord
-
-log = logging.getLogger(__name__)
+from healer.kube.cache import Key, ListWatchCache
+from healer.workloads import OwnerRef, PodInfo
 
 Json = dict[str, Any]
-
-
-class _Expired(Exception):
-    """The watch's resourceVersion is gone from the server's history (410)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +38,39 @@ class Drained:
     """Pods deleted or finished and not recreated (empty when ``full``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class WatchedPod:
+    """One unfinished pod as the watch last showed it."""
+
+    record: PodRecord
+    """What the gang scheduler reads."""
+    owners: tuple[OwnerRef, ...]
+    """Owner references (a DaemonSet's pods are no job's)."""
+    phase: str
+    """``Pending`` or ``Running`` (finished pods are not kept)."""
+
+    def info(self) -> PodInfo:
+        """The pod as the healer's ``PodInfo``, without the manifest (a decision reads labels, owners and node)."""
+        r = self.record
+        return PodInfo(r.namespace, r.name, r.uid, r.node_name, r.labels, r.annotations, self.owners, r.terminating,
+                       self.phase, r.created)
+
+
+def watched_pod(record: Callable[[Json], PodRecord]) -> Callable[[Json], WatchedPod | None]:
+    """A converter from a Pod object, through ``record``, to a ``WatchedPod``; None for a finished pod."""
+
+    def convert(obj: Json) -> WatchedPod | None:
+        pod = record(obj)
+        if pod.finished:
+            return None
+        refs = (obj.get("metadata") or {}).get("ownerReferences") or ()
+        owners = tuple(OwnerRef(o.get("apiVersion", ""), o.get("kind", ""), o.get("name", ""),
+                                bool(o.get("controller"))) for o in refs)
+        return WatchedPod(pod, owners, (obj.get("status") or {}).get("phase") or "Pending")
+
+    return convert
+
+
 class PodInformer:
     """All unfinished pods of the cluster, kept current by a watch running in its own thread.
 
@@ -60,64 +82,55 @@ class PodInformer:
     def __init__(self, core: client.CoreV1Api, record: Callable[[Json], PodRecord], *, page_size: int = 1000,
                  timeout_s: float = 30.0, watch_timeout_s: int = 300, read_timeout_s: float = 10.0,
                  retry_s: float = 1.0, on_change: Callable[[PodRecord], None] | None = None) -> None:
-        self.core = core
-        self.record = record
         self.on_change = on_change
         """Called from the watch thread with each pod added or changed (not deleted), after it is recorded."""
-        self.page_size = page_size
-        self.timeout_s = timeout_s
-        self.watch_timeout_s = watch_timeout_s
-        """Server-side length of one watch request; the stream is then opened again."""
-        self.read_timeout_s = read_timeout_s
-        """Longest wait for a byte on the stream; bounds how long ``stop`` takes."""
-        self.retry_s = retry_s
-        self.lists = 0
-        """Pod lists made (1 after ``start``; one more per expired watch)."""
-        self.watches = 0
-        """Watch requests made."""
-        self.resource_version = ""
-        """The version the next watch starts from (the list's, then each event's or bookmark's)."""
-        self._store: dict[PodKey, PodRecord] = {}
         self._log: dict[PodKey, PodRecord | None] = {}
         self._full = False
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stream: Any = None
+        self._by_node: dict[str, set[Key]] = {}
+        self._node_of: dict[Key, str] = {}
+        self.cache: ListWatchCache[WatchedPod] = ListWatchCache(
+            "pod", core.list_pod_for_all_namespaces, watched_pod(record), page_size=page_size, timeout_s=timeout_s,
+            watch_timeout_s=watch_timeout_s, read_timeout_s=read_timeout_s, retry_s=retry_s,
+            on_object=self._changed, on_listed=self._listed, on_applied=self._applied)
 
     # Lifecycle.
 
     def start(self) -> None:
         """List every pod, then watch from the list's version in a daemon thread."""
-        self._list()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="kmend-pod-informer", daemon=True)
-        self._thread.start()
+        self.cache.start()
 
     def stop(self) -> None:
         """End the watch thread and wait for it."""
-        self._stop.set()
-        stream = self._stream
-        if stream is not None:
-            # Wakes a read blocked on an idle stream at once instead of after the read timeout.
-            with contextlib.suppress(Exception):
-                stream.shutdown()
-        if self._thread is not None:
-            self._thread.join(self.read_timeout_s + self.timeout_s)
-            self._thread = None
+        self.cache.stop()
 
     @property
     def running(self) -> bool:
         """Whether the watch thread is alive."""
-        return self._thread is not None and self._thread.is_alive()
+        return self.cache.running
+
+    @property
+    def lists(self) -> int:
+        """Pod lists made (1 after ``start``; one more per expired watch)."""
+        return self.cache.lists
+
+    @property
+    def watches(self) -> int:
+        """Watch requests made."""
+        return self.cache.watches
+
+    @property
+    def resource_version(self) -> str:
+        """The version the next watch starts from (the list's, then each event's or bookmark's)."""
+        return self.cache.resource_version
 
     # Reading.
 
     def drain(self, *, everything: bool = False) -> Drained:
         """Changes since the previous drain (every pod after a list, or when asked), and clear them."""
-        with self._lock:
+
+        def take(store: Mapping[Key, WatchedPod]) -> Drained:
             if self._full or everything:
-                out = Drained(True, tuple(self._store.values()), ())
+                out = Drained(True, tuple(p.record for p in store.values()), ())
             else:
                 out = Drained(False, tuple(p for p in self._log.values() if p is not None),
                               tuple(k for k, p in self._log.items() if p is None))
@@ -125,102 +138,41 @@ class PodInformer:
             self._log.clear()
             return out
 
-    # The thread.
+        return self.cache.read(take)
 
-    def _run(self) -> None:
-        relist = False
-        while not self._stop.is_set():
-            try:
-                if relist:
-                    self._list()
-                    relist = False
-                self._watch()
-            except _Expired:
-                log.info("pod watch expired at resourceVersion %s: listing again", self.resource_version)
-                relist = True
-            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-                if self._stop.is_set():
-                    return
-                if isinstance(exc, ApiException) and exc.status == 410:
-                    relist = True
-                    continue
-                if not isinstance(exc, urllib3.exceptions.ReadTimeoutError):
-                    # A broken stream is watched again from the last version; the server says 410 if that is gone.
-                    log.warning("pod watch failed, retrying in %.1fs: %s", self.retry_s, exc)
-                    self._stop.wait(self.retry_s)
+    def on_node(self, node: str) -> list[PodInfo] | None:
+        """The unfinished pods bound to ``node`` as the watch shows them, or None while it is not in sync."""
+        if not self.cache.synced:
+            return None
+        return self.cache.read(lambda store: [store[k].info() for k in sorted(self._by_node.get(node, ()))
+                                              if k in store])
 
-    def _list(self) -> None:
-        pods: dict[PodKey, PodRecord] = {}
-        token: str | None = None
-        version = ""
-        while True:
-            resp: Any = self.core.list_pod_for_all_namespaces(limit=self.page_size, _continue=token,
-                                                         _preload_content=False, _request_timeout=self.timeout_s)
-            body = json.loads(resp.data)
-            meta = body.get("metadata") or {}
-            # Every page of a paged list is one snapshot: the first page's version is the list's.
-            version = version or meta.get("resourceVersion") or ""
-            for obj in body.get("items") or ():
-                pod = self.record(obj)
-                if not pod.finished:
-                    pods[(pod.namespace, pod.name)] = pod
-            token = meta.get("continue")
-            if not token:
-                break
-        with self._lock:
-            self._store = pods
-            self._log.clear()
-            self._full = True
-            self.resource_version = version
-            self.lists += 1
+    # Kept under the cache's lock.
 
-    def _watch(self) -> None:
-        self.watches += 1
-        resp: Any = self.core.list_pod_for_all_namespaces(
-            watch=True, resource_version=self.resource_version, allow_watch_bookmarks=True,
-            timeout_seconds=self.watch_timeout_s, _preload_content=False,
-            _request_timeout=(self.timeout_s, self.read_timeout_s))
-        self._stream = resp
-        try:
-            for event in events(resp):
-                if self._stop.is_set():
-                    return
-                self._apply(event)
-        finally:
-            self._stream = None
-            resp.release_conn()
+    def _listed(self, store: Mapping[Key, WatchedPod]) -> None:
+        self._log.clear()
+        self._full = True
+        self._by_node.clear()
+        self._node_of.clear()
+        for key, pod in store.items():
+            self._index(key, pod.record.node_name)
 
-    def _apply(self, event: Json) -> None:
-        kind, obj = event.get("type"), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise _Expired(obj.get("message") or "resource version expired")
-            raise ValueError(f"watch error: {obj.get('message') or obj}")
-        version = (obj.get("metadata") or {}).get("resourceVersion")
-        if kind in ("ADDED", "MODIFIED", "DELETED"):
-            pod = self.record(obj)
-            key = (pod.namespace, pod.name)
-            with self._lock:
-                if kind == "DELETED" or pod.finished:
-                    self._store.pop(key, None)
-                    self._log[key] = None
-                else:
-                    self._store[key] = pod
-                    self._log[key] = pod
-            if kind != "DELETED" and not pod.finished and self.on_change is not None:
-                self.on_change(pod)
-        if version:
-            self.resource_version = version
+    def _applied(self, key: Key, pod: WatchedPod | None) -> None:
+        self._log[key] = None if pod is None else pod.record
+        self._index(key, "" if pod is None else pod.record.node_name)
 
+    def _index(self, key: Key, node: str) -> None:
+        before = self._node_of.pop(key, "")
+        if before:
+            on = self._by_node.get(before)
+            if on is not None:
+                on.discard(key)
+                if not on:
+                    del self._by_node[before]
+        if node:
+            self._node_of[key] = node
+            self._by_node.setdefault(node, set()).add(key)
 
-def events(resp: Any) -> Iterator[Json]:
-    """The JSON objects of a watch stream, one per line, as the chunks arrive."""
-    buffer = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
-    if buffer.strip():
-        yield json.loads(buffer)
+    def _changed(self, pod: WatchedPod) -> None:
+        if self.on_change is not None:
+            self.on_change(pod.record)

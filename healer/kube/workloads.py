@@ -55,6 +55,10 @@ class KubeWorkloads:
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.timeout = request_timeout_s
+        self.pod_watch: Callable[[str], Sequence[PodInfo] | None] | None = None
+        """The pods on a node from a watch (the gang scheduler's pod informer), None while it is not in sync."""
+        self.pod_lists = 0
+        """Pod lists made for ``pods_on_node`` (the watch answered the others)."""
 
     # -- pods ---------------------------------------------------------------------------------
 
@@ -71,6 +75,12 @@ class KubeWorkloads:
             pods = call_api(self.core.list_pod_for_all_namespaces, **kw)
         out = [self._info(p) for p in pods.items]
         return [p for p in out if p.phase not in ("Succeeded", "Failed")]
+
+    def pods_on_node(self, node: str) -> Sequence[PodInfo]:
+        if self.pod_watch is not None and (watched := self.pod_watch(node)) is not None:
+            return watched
+        self.pod_lists += 1
+        return self.list_pods(node=node)
 
     def evict_pod(self, namespace: str, name: str, grace_s: int) -> None:
         body = client.V1Eviction(api_version="policy/v1", kind="Eviction",

@@ -12,6 +12,7 @@ from kmend.errors import ConfigError, from_validation, redact_url
 from kmend.settings import Settings
 
 if TYPE_CHECKING:
+    from kmend.early import Early
     from kmend.service import Kmend
 
 
@@ -26,7 +27,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def build_service(settings: Settings) -> Kmend:
+def start_cluster(settings: Settings) -> Early | None:
+    """On a real cluster, its ports and the gang scheduler, started before the rest (``kmend.early``)."""
+    from healer.cluster import ClusterConfigError
+    from kmend.early import start_early
+
+    try:
+        return start_early(settings)
+    except ClusterConfigError as exc:
+        raise _cluster_error(settings, exc) from None
+
+
+def _cluster_error(settings: Settings, exc: Exception) -> ConfigError:
+    return ConfigError(f"KMEND_CLUSTER={settings.cluster!r}, KMEND_KUBECONFIG="
+                       f"{str(settings.kubeconfig or '~/.kube/config')!r}: {exc}")
+
+
+def build_service(settings: Settings, early: Early | None = None) -> Kmend:
     """The service, started (schema migrated, state rebuilt); a setting that stops it is a ConfigError."""
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -36,14 +53,13 @@ def build_service(settings: Settings) -> Kmend:
     from kmend.wiring import make_kmend
 
     try:
-        kmend = make_kmend(settings)
+        kmend = make_kmend(settings, early=early)
     except PolicyError as exc:
         raise ConfigError(f"KMEND_POLICY_FILE={str(settings.policy_file or 'the shipped policy')!r}: {exc}") from None
     except RuleError as exc:
         raise ConfigError(f"KMEND_RULES_DIRS / KMEND_PROGRESS_RULES_DIRS: {exc}") from None
     except ClusterConfigError as exc:
-        raise ConfigError(f"KMEND_CLUSTER={settings.cluster!r}, KMEND_KUBECONFIG="
-                          f"{str(settings.kubeconfig or '~/.kube/config')!r}: {exc}") from None
+        raise _cluster_error(settings, exc) from None
     except SQLAlchemyError as exc:
         raise _database_error(settings, exc) from None
     try:
@@ -79,12 +95,6 @@ def tune_gc() -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    # Imported here so that `kmend agent` on every node does not load the web stack.
-    import uvicorn
-
-    from kmend.app import create_app
-    from kmend.wiring import listen_host, make_token_reviewer
-
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "database_url": args.database_url,
         "cluster": args.cluster, "dry_run": args.dry_run,
@@ -93,9 +103,23 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings(**overrides)
     except ValidationError as exc:
         raise from_validation(exc, prefix="KMEND_", flags={k: "--" + k.replace("_", "-") for k in overrides}) from None
+    # Before the web stack, the rules' matcher and the store: a gang waiting for kmend is placed meanwhile.
+    early = start_cluster(settings)
+    # Imported here so that `kmend agent` on every node does not load the web stack.
+    import uvicorn
+
+    from kmend.app import create_app
+    from kmend.wiring import listen_host, make_token_reviewer
+
     host = listen_host(settings)  # loopback only (and a loud warning) while no token is configured
-    kmend = build_service(settings)
-    app = create_app(kmend, settings, token_reviewer=make_token_reviewer(settings))
+    try:
+        kmend = build_service(settings, early)
+    except BaseException:
+        if early is not None and early.loop is not None:
+            early.loop.stop()
+        raise
+    app = create_app(kmend, settings, token_reviewer=make_token_reviewer(settings),
+                     scheduler_loop=early.loop if early is not None else None)
     tune_gc()
     uvicorn.run(app, host=host, port=settings.port, log_level="info")
     return 0

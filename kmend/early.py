@@ -1,0 +1,173 @@
+"""What `kmend serve` starts before the slow part of its start-up: the real cluster's ports and the gang scheduler.
+
+A gang that waits when kmend starts should not wait for what does not gate its placement: the web stack's
+imports, the rule packs' compiled matcher, the store's schema check. On a real cluster the scheduler needs only the
+client, the Lease and its own informers, so those are built first (imports kept to them), the Lease is taken, and
+the scheduler's thread runs while the rest of the service is built; the app's lifespan stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from healer.cluster import Cluster
+from healer.lease import AlwaysLeader, LeaderElector, Leases
+from healer.workloads import Workloads
+from kmend.settings import Settings
+
+if TYPE_CHECKING:
+    from healer.gang.scheduler import GangScheduler
+    from kmend.metrics import Metrics
+    from sim.world import SimWorld
+
+log = logging.getLogger("kmend")
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """The cluster the service acts on."""
+
+    cluster: Cluster
+    """Nodes."""
+    workloads: Workloads
+    """Pods, owners, ConfigMaps."""
+    leases: Leases | None
+    """Leases for leader election (None: a single embedded replica)."""
+    world: SimWorld | None = None
+    """The simulated world, when simulated."""
+
+
+def cluster_choice(settings: Settings) -> tuple[str, Settings]:
+    """``sim`` or ``kube`` for these settings (``auto``: in a pod or with a kubeconfig, the real cluster)."""
+    choice = settings.cluster
+    if choice == "auto":
+        in_cluster = settings.in_cluster or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        has_kubeconfig = bool(settings.kubeconfig) or Path(os.environ.get("KUBECONFIG", "")).is_file()
+        choice = "kube" if (in_cluster or has_kubeconfig) else "sim"
+        settings = settings.model_copy(update={"in_cluster": in_cluster})
+    return choice, settings
+
+
+def kube_ports(settings: Settings, *, then: Callable[[Cluster, Leases], None] | None = None) -> Ports:
+    """The real cluster's adapters (nodes through their watch-fed cache).
+
+    ``then`` runs once the cluster and its Leases exist, before the Workloads adapter (whose API classes take the
+    client a fifth of a second to build): the gang scheduler starts there.
+    """
+    from healer.kube.cluster import KubeCluster  # only here: the sim default needs no client
+    from healer.kube.lease import KubeLeases
+
+    log.info("acting on a real cluster")
+    cluster = KubeCluster.from_config(settings.kubeconfig, in_cluster=settings.in_cluster,
+                                      event_namespace=settings.event_namespace, node_cache=True)
+    leases = KubeLeases(cluster.api)
+    if then is not None:
+        then(cluster, leases)
+    from healer.kube.workloads import KubeWorkloads
+
+    return Ports(cluster, KubeWorkloads(cluster.api), leases)
+
+
+def make_leader(settings: Settings, leases: Leases | None) -> LeaderElector | AlwaysLeader:
+    """A Lease elector when the cluster has Leases, else a lone leader."""
+    if leases is None:
+        return AlwaysLeader()
+    return LeaderElector(leases, namespace=settings.namespace, name=settings.lease_name,
+                         identity=settings.identity or socket.gethostname(), duration_s=settings.lease_duration_s,
+                         clock=time.time)
+
+
+class SchedulerLoop:
+    """The gang scheduler's thread: ``start`` runs it (once), ``stop`` ends it and closes the port's watches."""
+
+    def __init__(self, scheduler: GangScheduler, period_s: float) -> None:
+        self.scheduler = scheduler
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Run the scheduler in a daemon thread; a second call does nothing."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self.scheduler.run, args=(self._stop, self.period_s),
+                                            name="kmend-scheduler", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread, then the Kubernetes port's watch threads (SimPods has none)."""
+        self._stop.set()
+        self.scheduler.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        close = getattr(self.scheduler.port, "close", None)
+        if callable(close):
+            close()
+
+
+@dataclass(frozen=True, slots=True)
+class Early:
+    """The pieces started before the service is built, handed to ``make_kmend``."""
+
+    ports: Ports
+    """The real cluster's adapters."""
+    leader: LeaderElector | AlwaysLeader
+    """The Lease elector, already ticked once."""
+    metrics: Metrics
+    """The service's metrics (the scheduler's are registered in them)."""
+    scheduler: GangScheduler | None
+    """The gang scheduler (None when turned off)."""
+    loop: SchedulerLoop | None
+    """Its running thread."""
+
+
+def start_early(settings: Settings) -> Early | None:
+    """On a real cluster: its ports, the Lease taken, and the gang scheduler running; None on the simulated one.
+
+    Errors of the cluster's configuration are raised as ``make_kmend`` raises them.
+    """
+    choice, settings = cluster_choice(settings)
+    if choice != "kube":
+        return None
+    from healer.gang.config import SchedulerConfig
+    from healer.gang.metrics import SchedulerMetrics
+    from healer.gang.scheduler import GangScheduler
+    from healer.kube.cluster import KubeCluster
+    from healer.kube.pods import KubePodScheduling
+    from kmend.metrics import Metrics
+
+    started: list[tuple[LeaderElector | AlwaysLeader, Metrics, GangScheduler | None, SchedulerLoop | None]] = []
+
+    def schedule(cluster: Cluster, leases: Leases) -> None:
+        leader = make_leader(settings, leases)
+        metrics = Metrics()
+        if settings.scheduler is False:
+            started.append((leader, metrics, None, None))
+            return
+        assert isinstance(cluster, KubeCluster)
+        kube = KubePodScheduling(cluster.api, clock=time.time)
+        scheduler = GangScheduler(port=kube, is_leader=leader.is_leader, clock=time.time,
+                                  config=SchedulerConfig(scheduler_name=settings.scheduler_name),
+                                  metrics=SchedulerMetrics(metrics.registry))
+        kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
+        kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
+        loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
+
+        def lead_then_schedule() -> None:
+            # The healer loop renews the Lease once it runs; until then this first acquisition lets the scheduler act.
+            leader.tick()
+            loop.start()
+
+        threading.Thread(target=lead_then_schedule, name="kmend-early", daemon=True).start()
+        started.append((leader, metrics, scheduler, loop))
+
+    ports = kube_ports(settings, then=schedule)
+    leader, metrics, scheduler, loop = started[0]
+    return Early(ports, leader, metrics, scheduler, loop)

@@ -1,0 +1,113 @@
+"""Back-to-back faults under `kmend serve --cluster kube`: a second node's cordon does not wait for the first plan's
+taint, label, condition and Event writes (here each takes half a second on the server), while each node's own
+steps still reach the server in the plan's order and both quarantines complete."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from collector.wire import to_wire
+from tests.builders import XID79, kernel
+from tests.conftest import free_port
+from tests.fake_apiserver import FakeApiServer
+from tests.procs import wait_ready
+
+SLOW_S = 0.5
+"""How long the server takes for each of the first node's writes after its cordon."""
+
+
+def _until(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout  # generous for a loaded machine; returns as soon as it holds
+    while time.monotonic() < deadline:
+        if got := pred():
+            return got
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _write_of(method: str, path: str, body: Any) -> tuple[str, str] | None:
+    """(node, what) for a write about a node: cordon, taint, label, condition or event."""
+    if method == "PATCH" and path.startswith("/api/v1/nodes/"):
+        parts = path.split("/")
+        node = parts[4]
+        if len(parts) > 5 and parts[5] == "status":
+            return node, "condition"
+        spec = (body or {}).get("spec") or {} if isinstance(body, dict) else {}
+        if spec.get("unschedulable"):
+            return node, "cordon"
+        if "taints" in spec:
+            return node, "taint"
+        return node, "label"
+    if method == "POST" and path.endswith("/events") and isinstance(body, dict) \
+            and body.get("reason") == "KmendQuarantine":
+        return (body.get("involvedObject") or {}).get("name", ""), "event"
+    return None
+
+
+def test_a_second_fault_is_cordoned_while_the_first_plans_later_writes_are_still_going(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        for i in range(40):  # enough nodes that the breaker lets two quarantines through
+            api.add_node(f"gpu-{i}")
+        seen: list[tuple[str, str]] = []
+        lock = threading.Lock()
+        handle = api.handle
+
+        def timed(method: str, path: str, body: Any, ctype: str,
+                  query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+            write = _write_of(method, path, body)
+            if write is not None and write[0] == "gpu-1" and write[1] != "cordon":
+                time.sleep(SLOW_S)
+            code, answer = handle(method, path, body, ctype, query)
+            if write is not None and code < 300:
+                with lock:
+                    seen.append(write)
+            return code, answer
+
+        api.handle = timed  # type: ignore[method-assign]
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "f",
+            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
+            "users": [{"name": "k", "user": {"token": "t"}}],
+            "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+        port = free_port()
+        env = {**os.environ, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig), "KMEND_PORT": str(port),
+               "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}", "KMEND_INGEST_TOKEN": "i",
+               "KMEND_OPERATOR_TOKEN": "o", "KMEND_SYMPTOM_SETTLE_S": "0", "KMEND_EVENT_NAMESPACE": "kmend-system",
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        log = tmp_path / "serve.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], env=env, stdout=fh,
+                                    stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url, proc, log=log)
+            with httpx.Client(base_url=url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
+                agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-1", XID79))]}).raise_for_status()
+                _until("gpu-1 cordoned", lambda: ("gpu-1", "cordon") in seen)
+                agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
+                _until("both quarantines complete", lambda: ("gpu-1", "event") in seen and ("gpu-2", "event") in seen)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nwrites: {seen}\n{log.read_text(errors='replace')[-3000:]}") from None
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        order = list(seen)
+        # The second node was cordoned before the first plan's Event (its writes take 2.5 s in all).
+        assert order.index(("gpu-2", "cordon")) < order.index(("gpu-1", "event")), order
+        # Each node's writes in its plan's order: cordon, taint, label, condition(s), Event.
+        for node in ("gpu-1", "gpu-2"):
+            kinds = [what for n, what in order if n == node]
+            firsts = sorted(dict.fromkeys(kinds), key=kinds.index)
+            assert firsts == ["cordon", "taint", "label", "condition", "event"], (node, kinds)
+            assert kinds.count("cordon") == 1 and kinds.count("event") == 1, (node, kinds)  # each step once

@@ -1,0 +1,165 @@
+"""`kmend serve` start-up puts the gang scheduler first: with a current schema it loads neither Alembic nor the node
+agent's modules; a schema behind head is still upgraded; and on a real cluster a gang waiting at start is bound while
+the rest of the service is still being built (here: while the database does not answer at all)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from kmend.store import Store
+from kmend.store.store import head_revision
+from tests.conftest import free_port
+from tests.fake_apiserver import FakeApiServer
+
+REPO = Path(__file__).resolve().parent.parent
+COSCHEDULING = ("scheduling.x-k8s.io", "v1alpha1")
+
+# `kmend serve` as the console script runs it, stopped where uvicorn would start serving.
+PROBE = """
+import sys, uvicorn
+def serve(app, **kw):
+    print(sorted(m for m in ("alembic", "kmend.commands.agent", "collector.agent") if m in sys.modules))
+uvicorn.run = serve
+from kmend.cli import main
+sys.exit(main(["serve", "--cluster", "sim", "--port", "0", "--database-url", sys.argv[1]]))
+"""
+
+
+def _serve_modules(url: str) -> str:
+    out = subprocess.run([sys.executable, "-c", PROBE, url], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_serve_on_a_current_schema_loads_neither_alembic_nor_the_agent(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    # The first start creates the schema: Alembic is needed then.
+    assert _serve_modules(url) == "['alembic']"
+    assert Store(url).revision() == head_revision()
+    # Every later start finds it current with one query (Alembic's import and scripts: a third of a second).
+    assert _serve_modules(url) == "[]"
+
+
+def test_a_schema_behind_head_is_still_upgraded(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    cfg = Config()
+    cfg.set_main_option("script_location", str(REPO / "kmend" / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", url)
+    command.upgrade(cfg, "0006")
+    store = Store(url)
+    assert store.revision() == "0006"
+    store.migrate()
+    assert store.revision() == head_revision() != "0006"
+    store.close()
+
+
+def _silent_database() -> tuple[socket.socket, threading.Event]:
+    """A port that accepts connections and never answers: the store's first query waits on it."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    done = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not done.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+        for conn in held:
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener, done
+
+
+def test_a_gang_waiting_at_start_is_bound_before_the_service_is_built(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        api.install_crd(*COSCHEDULING)
+        for i in range(8):
+            api.add_node(f"n{i}")
+            api.nodes[f"n{i}"]["status"]["allocatable"] = {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8",
+                                                         "pods": "110"}
+        api.add_custom(*COSCHEDULING, "t", "g", {"minMember": 4})
+        for i in range(4):
+            api.add_pod("t", f"g-{i}", scheduler="kmend", requests={"nvidia.com/gpu": "8"},
+                        labels={"scheduling.x-k8s.io/pod-group": "g"})
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "f",
+            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
+            "users": [{"name": "k", "user": {"token": "t"}}],
+            "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+        listener, done = _silent_database()
+        port = listener.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig),
+               "KMEND_PORT": str(free_port()),
+               "KMEND_DATABASE_URL": f"postgresql+psycopg://kmend@127.0.0.1:{port}/kmend?connect_timeout=600"}
+        log = tmp_path / "serve.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "kmend.cli", "serve"], env=env, cwd=REPO, stdout=fh,
+                                    stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120  # generous for a loaded machine
+            while time.monotonic() < deadline and proc.poll() is None and not all(
+                    api.pods[("t", f"g-{i}")]["spec"].get("nodeName") for i in range(4)):
+                time.sleep(0.05)
+            assert all(api.pods[("t", f"g-{i}")]["spec"].get("nodeName") for i in range(4)), \
+                log.read_text(errors="replace")[-3000:]
+            # Placed while the store had not answered a single query: the service was not built yet.
+            assert proc.poll() is None
+            assert ("kmend-system", "kmend-healer") in api.leases  # it leads: the Lease was taken first
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            done.set()
+            listener.close()
+
+
+
+def test_the_lease_taken_before_the_store_exists_is_recorded_once_it_does(tmp_path: Path) -> None:
+    from sqlalchemy import select
+
+    from kmend.early import start_early
+    from kmend.settings import Settings
+    from kmend.store import schema
+    from kmend.wiring import make_kmend
+
+    with FakeApiServer() as api:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "f",
+            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
+            "users": [{"name": "k", "user": {"token": "t"}}],
+            "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+        settings = Settings(cluster="kube", kubeconfig=str(kubeconfig), identity="kmend-a",
+                            database_url=f"sqlite:///{tmp_path / 'k.db'}")
+        early = start_early(settings)
+        assert early is not None and early.loop is not None
+        try:
+            deadline = time.monotonic() + 60
+            while not early.leader.is_leader() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert early.leader.is_leader()  # taken while there is no schema yet
+            kmend = make_kmend(settings, early=early)
+            kmend.start()
+            with kmend.store.engine.connect() as conn:
+                rows = conn.execute(select(schema.leases_seen.c.name, schema.leases_seen.c.holder)).all()
+            assert [tuple(r) for r in rows] == [("kmend-healer", "kmend-a")]
+            kmend.store.close()
+        finally:
+            early.loop.stop()
