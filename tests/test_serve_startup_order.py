@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from kmend.store import Store
-from kmend.store.store import head_revision
+from kmend.store.schema import head_revision
 from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer
 

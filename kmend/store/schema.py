@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import re
+from importlib import resources
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -175,3 +179,20 @@ feed_cursor = Table(
     Column("updated_at", Float, nullable=False),
 )
 """How far the Lease holder has folded the feed ((tx, seq) of the last row), written with the results."""
+
+
+@functools.cache
+def head_revision() -> str:
+    """The newest migration's revision, read from the scripts' text (the revision no other script revises)."""
+    revisions: set[str] = set()
+    revised: set[str] = set()
+    for script in (resources.files("kmend") / "migrations" / "versions").iterdir():
+        if not script.name.endswith(".py"):
+            continue
+        text_ = script.read_text()
+        if found := re.search(r"^revision\s*=\s*[\"']([^\"']+)", text_, re.M):
+            revisions.add(found.group(1))
+        revised.update(re.findall(r"^down_revision\s*=\s*[\"']([^\"']+)", text_, re.M))
+    heads = revisions - revised
+    # Several heads (or none) is for Alembic to sort out: no revision matches, so migrate runs it.
+    return heads.pop() if len(heads) == 1 else ""

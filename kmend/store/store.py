@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -54,23 +52,6 @@ class IngestOutcome:
     """Incidents created or changed."""
     fresh: tuple[Signal, ...] = ()
     """The newly stored signals."""
-
-
-@functools.cache
-def head_revision() -> str:
-    """The newest migration's revision, read from the scripts' text (the revision no other script revises)."""
-    revisions: set[str] = set()
-    revised: set[str] = set()
-    for script in (resources.files("kmend") / "migrations" / "versions").iterdir():
-        if not script.name.endswith(".py"):
-            continue
-        text_ = script.read_text()
-        if found := re.search(r"^revision\s*=\s*[\"']([^\"']+)", text_, re.M):
-            revisions.add(found.group(1))
-        revised.update(re.findall(r"^down_revision\s*=\s*[\"']([^\"']+)", text_, re.M))
-    heads = revisions - revised
-    # Several heads (or none) is for Alembic to sort out: no revision matches, so migrate runs it.
-    return heads.pop() if len(heads) == 1 else ""
 
 
 def _kept(s: Signal) -> bool:
@@ -139,7 +120,7 @@ class Store:
 
     def migrate(self) -> None:
         """Bring the schema to the latest Alembic revision (Alembic is loaded only when there is one to apply)."""
-        if self.revision() == head_revision():
+        if self.revision() == schema.head_revision():
             # The common start: one query, and none of Alembic's import and script loading (a third of a second).
             with self.engine.connect() as conn:
                 self._seq = conn.execute(select(func.coalesce(func.max(schema.findings.c.seq), 0))).scalar_one()
