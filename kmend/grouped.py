@@ -114,7 +114,8 @@ class GroupedIngest:
             self.recover()
             found, changed, merges = k._evaluate(now, judged)
             ticket = self.writer.submit(WriteSet(found=found, changed=changed, merges=merges))
-            k._request_evidence(now)
+            suspects = k.detectors.suspects(now)
             failures = k.detectors.take_failures()
         self.durable(ticket)
+        k._request_evidence(now, suspects)  # the pod lookups and the requests' writes: outside the lock
         return IngestOutcome(0, 0, tuple(found), tuple(changed)), failures

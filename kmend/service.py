@@ -289,15 +289,16 @@ class Kmend:
                                                       source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
         self._wake.set()
 
-    def _request_evidence(self, now: float) -> None:
-        # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's
-        # Python stack (and a Flight Recorder dump through the debug pipe) while it is still stuck,
-        # before the hang is called and before any plan restarts it. One request per node and stall.
+    def _request_evidence(self, now: float, suspects: list[tuple[str, list[str], float]] | None = None) -> None:
+        # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's Python stack (and a
+        # Flight Recorder dump through the debug pipe) while it is still stuck, before the hang is called and before
+        # any plan restarts it. One request per node and stall. Given `suspects`, it runs outside the lock.
         current: set[str] = set()
-        suspects = self.detectors.suspects(now)
+        suspects = self.detectors.suspects(now) if suspects is None else suspects
         for job, nodes, since in suspects:
             if self._pods_finished(job):
-                self.detectors.end_job(job, now)
+                with self._lock:
+                    self.detectors.end_job(job, now)
                 continue
             for node in nodes:
                 # The id goes in a URL path (the agent answers POST .../requests/{id}): no "/" from ``namespace/job``.
@@ -381,13 +382,12 @@ class Kmend:
         return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
-        """Move an incident along (remediating, resolved) and store it."""
+        """Move an incident along (remediating, resolved) and store it, in order with the batches' writes."""
         with self._lock:
             current = self.analyzer.correlator.get(incident_id)
             if current is None or current.id != incident_id or current.state == state:
                 return
             updated = self.analyzer.correlator.set_state(incident_id, state, self.clock(), why)
-            # In order with the batches' writes (one analysed before this change must not overwrite it).
             ticket = self.grouped.writer.submit(WriteSet(changed=(updated,))) if self.replicas is None else 0
         if ticket:
             self.grouped.durable(ticket)
