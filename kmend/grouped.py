@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from analyzer.detectors.suite import DetectorFailure
@@ -23,6 +24,8 @@ from kmend.store.rows import kept
 
 if TYPE_CHECKING:
     from kmend.service import Kmend
+
+_ID = attrgetter("id")
 
 log = logging.getLogger("kmend.service")
 
@@ -73,7 +76,7 @@ class GroupedIngest:
         """
         k = self.kmend
         unique: Sequence[Signal] = signals
-        if len({s.id for s in signals}) < len(signals):  # a repeated id is taken once (its first copy)
+        if len(set(map(_ID, signals))) < len(signals):  # a repeated id is taken once (its first copy)
             first: dict[str, Signal] = {}
             for s in signals:
                 first.setdefault(s.id, s)
