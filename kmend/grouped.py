@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from kmend.service import Kmend
 
 _ID = attrgetter("id")
+MAX_CLAIMS = 100_000
+"""Producers whose marks are kept in memory; past it, those already stored are read from the store again when seen."""
 
 log = logging.getLogger("kmend.service")
 
@@ -96,6 +98,8 @@ class GroupedIngest:
                 series = k.signals.take_changed() if unique else []
                 ticket = self.writer.submit(WriteSet(self._rows(unique, found), origin, found, changed, merges, series))
                 self.claims[producer] = (seq, ticket)
+                if len(self.claims) > MAX_CLAIMS:  # producers come and go (an agent restarts under a new id)
+                    self.claims = {p: c for p, c in self.claims.items() if c[1] > self.writer.done}
                 fresh = (found, changed)
         self.durable(ticket)
         if fresh is None:

@@ -165,3 +165,17 @@ def test_a_failed_group_fails_every_batch_in_it_and_leaves_no_incident_that_was_
     assert sorted(i.root_cause.node for i in kmend.incidents()) == ["gpu-node-01", "gpu-node-02"]
     assert len(kmend.store.findings_in_order()) == 2
     assert kmend.store.count_signals() == 12
+
+
+def test_producer_marks_kept_in_memory_are_bounded_and_a_replay_is_still_recognised_after(
+        served: tuple[Kmend, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    kmend, _ = served
+    monkeypatch.setattr("kmend.grouped.MAX_CLAIMS", 3)
+    batches = {f"gpu-node-0{p}/agent-{p}": _batch(f"gpu-node-0{p}", 3) for p in range(8)}
+    for producer, sigs in batches.items():  # an agent restarting takes a new producer id each time
+        assert kmend.ingest(sigs, (producer, 1)).accepted == 3
+        assert len(kmend.grouped.claims) <= 4
+    for producer, sigs in batches.items():
+        again = kmend.ingest(sigs, (producer, 1))
+        assert (again.accepted, again.duplicates) == (0, 3), producer
+    assert kmend.store.count_signals() == 24

@@ -77,6 +77,11 @@ class GroupWriter:
         """The newest ticket handed out (wait for it to know everything analysed so far is durable)."""
         return self._last
 
+    @property
+    def done(self) -> int:
+        """Every ticket up to this one is settled (committed or failed)."""
+        return self._done
+
     def submit(self, ws: WriteSet) -> int:
         """Queue a write set (call in analysis order, under the lock that orders the analysis); returns its ticket."""
         with self._cond:
