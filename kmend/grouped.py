@@ -93,8 +93,7 @@ class GroupedIngest:
             if seq <= claim[0]:
                 ticket, fresh = claim[1], None
             else:
-                found, changed = k.analyzer.process(unique) if unique else ([], [])
-                merges = k.analyzer.correlator.take_merges()
+                found, changed, merges = k._analyze(unique) if unique else ([], [], [])
                 series = k.signals.take_changed() if unique else []
                 ticket = self.writer.submit(WriteSet(self._rows(unique, found), origin, found, changed, merges, series))
                 self.claims[producer] = (seq, ticket)
