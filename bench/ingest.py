@@ -284,9 +284,36 @@ def floor_app() -> None:
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 
 
+def measure(tree: Path, bodies: list[bytes], db: Path, tmp: Path, args: argparse.Namespace) -> dict[str, object]:
+    """`kmend serve` run from `tree` (this checkout or another) on a copy of the filled store: its figures."""
+    run_db = tmp / f"run-{time.monotonic_ns()}.db"
+    if db.exists():
+        shutil.copy(db, run_db)
+    port = free_port()
+    env = {"KMEND_SYMPTOM_SETTLE_S": "3600", "KMEND_SIM_NODES": "16", "KMEND_STORE_LINES": args.store_lines,
+           "PYTHONPATH": str(tree)}
+    argv = [*_pin(args.core), sys.executable, "-m", "kmend.cli", "serve", "--port", str(port),
+            "--database-url", f"sqlite:///{run_db}", "--cluster", "sim"]
+    with server(argv, port, tmp / "serve.log", env, "/readyz") as (url, pid):
+        cpu0 = cpu_s(pid)
+        dt, lat, errors = post_all(url, bodies, args.clients, None)
+        cpu = cpu_s(pid) - cpu0
+        incidents = httpx.get(url + "/v1/incidents", params={"node": "gpu-node-0323"}, timeout=60).json()
+        flood = [httpx.get(f"{url}/v1/incidents/{i['id']}", timeout=60).json() for i in incidents["incidents"]
+                 if i.get("fault_class") == "gpu_lost"]
+        replay_dt, _, _ = post_all(url, bodies[:50], args.clients, None)
+    n = args.signals
+    return {"tree": str(tree), "seconds": round(dt, 2), "signals_per_s": round(n / dt),
+            "p50_ms": round(_pct(lat, 0.5) * 1000), "p99_ms": round(_pct(lat, 0.99) * 1000), "errors": errors,
+            "cpu_s": round(cpu, 2), "signals_per_cpu_s": round(n / cpu) if cpu else None,
+            "cpu_us_per_signal": round(cpu / n * 1e6, 1), "replayed_batches_per_s": round(50 / replay_dt),
+            "flood_incidents": len(flood), "flood_findings": len(flood[0]["findings"]) if flood else 0}
+
+
 def run(args: argparse.Namespace) -> None:
     start = time.time() - 3600
     bodies, n, faults = make_bodies(args.batches, args.batch, args.seed, start)
+    args.signals = n
     sizes = [len(b) for b in bodies]
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "kmend.db"
@@ -295,18 +322,16 @@ def run(args: argparse.Namespace) -> None:
             from bench.restart import fill
             fill(db, args.history, open_incidents=100, flood=0)
         fill_s = time.perf_counter() - t
-        port = free_port()
-        env = {"KMEND_SYMPTOM_SETTLE_S": "3600", "KMEND_SIM_NODES": "16", "KMEND_STORE_LINES": args.store_lines}
-        argv = [*_pin(args.core), sys.executable, "-m", "kmend.cli", "serve", "--port", str(port),
-                "--database-url", f"sqlite:///{db}", "--cluster", "sim"]
-        with server(argv, port, Path(tmp) / "serve.log", env, "/readyz") as (url, pid):
-            cpu0 = cpu_s(pid)
-            dt, lat, errors = post_all(url, bodies, args.clients, None)
-            cpu = cpu_s(pid) - cpu0
-            incidents = httpx.get(url + "/v1/incidents", params={"node": "gpu-node-0323"}, timeout=60).json()
-            flood = [httpx.get(f"{url}/v1/incidents/{i['id']}", timeout=60).json() for i in incidents["incidents"]
-                     if i.get("fault_class") == "gpu_lost"]
-            replay_dt, _, _ = post_all(url, bodies[:50], args.clients, None)
+        this = Path(args.serve_from).resolve() if args.serve_from else REPO
+        runs: dict[str, list[dict[str, object]]] = {"this": []}
+        if args.compare:
+            runs["other"] = []
+        for r in range(args.rounds):
+            # Interleaved, the order swapped each round: both trees see the same machine, as near as can be.
+            order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+            for label in order:
+                tree = this if label == "this" else Path(args.compare).resolve()
+                runs[label].append(measure(tree, bodies, db, Path(tmp), args))
         floor_port = free_port()
         with server([*_pin(args.core), sys.executable, str(Path(__file__).resolve()), "--floor-server",
                      str(floor_port)], floor_port, Path(tmp) / "floor.log",
@@ -314,22 +339,23 @@ def run(args: argparse.Namespace) -> None:
             cpu0 = cpu_s(pid)
             fdt, flat, ferrors = post_all(url, bodies, args.clients, None)
             fcpu = cpu_s(pid) - cpu0
-    print(json.dumps({
+    out: dict[str, object] = {
         "bench": "ingest_http", "signals": n, "batches": len(bodies), "signals_per_batch": n // len(bodies),
         "fault_lines": faults, "gzip_kb_per_batch": round(sum(sizes) / len(sizes) / 1024, 1),
         "clients": args.clients, "pinned_core": args.core, "history_findings": args.history,
-        "fill_s": round(fill_s, 1),
-        "kmend": {"seconds": round(dt, 2), "signals_per_s": round(n / dt), "p50_ms": round(_pct(lat, 0.5) * 1000),
-                  "p99_ms": round(_pct(lat, 0.99) * 1000), "errors": errors, "cpu_s": round(cpu, 2),
-                  "signals_per_cpu_s": round(n / cpu) if cpu else None},
+        "fill_s": round(fill_s, 1), "store_lines": args.store_lines,
+        "kmend": runs["this"][0] if args.rounds == 1 and not args.compare else runs["this"],
         "floor": {"seconds": round(fdt, 2), "signals_per_s": round(n / fdt),
                   "p50_ms": round(_pct(flat, 0.5) * 1000), "p99_ms": round(_pct(flat, 0.99) * 1000),
                   "errors": ferrors, "cpu_s": round(fcpu, 2), "signals_per_cpu_s": round(n / fcpu) if fcpu else None},
-        "kmend_over_floor": round(fdt / dt, 3),
-        "replayed_batches_per_s": round(50 / replay_dt), "store_lines": args.store_lines,
-        "flood_incidents": len(flood),
-        "flood_findings": len(flood[0]["findings"]) if flood else 0,
-    }))
+    }
+    if args.compare:
+        out["other"] = runs["other"]
+        out["this_over_other"] = [{"signals_per_cpu_s": round(a["signals_per_cpu_s"] / b["signals_per_cpu_s"], 2),  # type: ignore[operator]
+                                   "signals_per_s": round(a["signals_per_s"] / b["signals_per_s"], 2),  # type: ignore[operator]
+                                   "p99": round(a["p99_ms"] / b["p99_ms"], 2)}  # type: ignore[operator]
+                                  for a, b in zip(runs["this"], runs["other"], strict=True)]
+    print(json.dumps(out))
 
 
 def main() -> None:
@@ -344,6 +370,10 @@ def main() -> None:
     ap.add_argument("--core", type=int, default=0, help="pin each server to this core (-1: no pinning)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--store-lines", choices=["all", "evidence"], default="all", help="KMEND_STORE_LINES")
+    ap.add_argument("--serve-from", default="", metavar="DIR", help="run `kmend serve` from this source tree")
+    ap.add_argument("--compare", default="", metavar="DIR",
+                    help="also run `kmend serve` from DIR (an older checkout), interleaved with this tree, same bodies")
+    ap.add_argument("--rounds", type=int, default=1, help="measurements of each tree (interleaved with --compare)")
     args = ap.parse_args()
     if args.core < 0:
         args.core = None

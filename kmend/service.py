@@ -35,9 +35,11 @@ from healer.policy_file import PolicyFile, load_policy
 from healer.records import Plan, PlanState
 from healer.steps.base import RepairRequest, StepContext
 from healer.workloads import Workloads
+from kmend.grouped import GroupedIngest, report_failures
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
+from kmend.store.group import WriteSet
 from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
@@ -130,6 +132,8 @@ class Kmend:
                                resume_s=self.healer.resume_s)
         self._lock = threading.RLock()
         self._retry_sleep = sleep or time.sleep
+        self.grouped = GroupedIngest(self)
+        """Numbered batches, detector findings and state changes: committed after the lock (group commit)."""
         self._wake = threading.Event()
         self.ready = False
         self.on_start: list[Callable[[], None]] = []
@@ -169,6 +173,7 @@ class Kmend:
             # The compiled matcher is kept: it holds no incident state, and compiling it again costs seconds.
             self.analyzer = Analyzer(self.rules, correlator=corr, detectors=self.detectors, signals=self.signals,
                                      matcher=self.analyzer.matcher)
+            self.grouped.claims.clear()  # the stored marks are the truth again
             self._refresh_open_gauge()
 
     # -- ingest --------------------------------------------------------------------
@@ -177,7 +182,13 @@ class Kmend:
         """Store and analyze a batch; repeated ids, or a numbered batch already taken (`origin`), are ignored."""
         if self.replicas is not None:
             return self.replicas.ingest(signals, origin)
+        if origin is not None:  # analysed under the lock, committed after it in a group with its neighbours
+            with self.metrics.batch_seconds.time():
+                outcome = self.grouped.ingest(signals, origin)
+            self._count(outcome)
+            return outcome
         with self._lock, self.metrics.batch_seconds.time():
+            self.grouped.flush()  # results written here are not overtaken by queued ones
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
             changed: list[SeriesState] = []
 
@@ -188,16 +199,11 @@ class Kmend:
                 return changed
 
             try:
-                outcome = retrying(lambda: self.store.ingest(signals, analyse, series, origin), self._retry_sleep)
+                outcome = retrying(lambda: self.store.ingest(signals, analyse, series), self._retry_sleep)
             except Exception:
                 # Not transient, or still failing: the correlator may hold findings never stored: rebuild it.
                 self.rebuild()
                 raise
-        # Counted by source member in C, its value read once per source (not once per signal).
-        for src, n in Tally(map(_SOURCE, outcome.fresh)).items():
-            self.metrics.signals.labels(src.value).inc(n)
-        if outcome.duplicates:
-            self.metrics.duplicates.inc(outcome.duplicates)
         self._count(outcome)
         return outcome
 
@@ -215,6 +221,11 @@ class Kmend:
         return IngestOutcome(0, sent, (), ())
 
     def _count(self, outcome: IngestOutcome) -> None:
+        # Counted by source member in C, its value read once per source (not once per signal).
+        for src, n in Tally(map(_SOURCE, outcome.fresh)).items():
+            self.metrics.signals.labels(src.value).inc(n)
+        if outcome.duplicates:
+            self.metrics.duplicates.inc(outcome.duplicates)
         for f in outcome.findings:
             self.metrics.findings.labels(f.fault_class.value).inc()
         if outcome.incidents:
@@ -252,6 +263,11 @@ class Kmend:
             t = self.detector_now() if now is None else now
             settled = self.detectors.take_settled_dumps(t)
         judged = self.detectors.judge_dumps(settled) if settled else []
+        if self.replicas is None:
+            outcome, failures = self.grouped.evaluate(t, judged)
+            report_failures(failures, self.metrics)
+            self._count(outcome)
+            return outcome
         with self._lock:
             evaluate = EvaluateOnce(lambda: self._evaluate(t, judged))
             try:
@@ -261,10 +277,7 @@ class Kmend:
                 raise
             self._request_evidence(t)
             failures = self.detectors.take_failures()
-        for fail in failures:
-            log.error("detector %s failed%s: %s (the other detectors went on)", fail.detector,
-                      f" on job {fail.job}" if fail.job else "", fail.error)
-            self.metrics.detector_errors.labels(fail.detector).inc()
+        report_failures(failures, self.metrics)
         self._count(outcome)
         return outcome
 
@@ -280,15 +293,16 @@ class Kmend:
                                                       source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
         self._wake.set()
 
-    def _request_evidence(self, now: float) -> None:
-        # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's
-        # Python stack (and a Flight Recorder dump through the debug pipe) while it is still stuck,
-        # before the hang is called and before any plan restarts it. One request per node and stall.
+    def _request_evidence(self, now: float, suspects: list[tuple[str, list[str], float]] | None = None) -> None:
+        # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's Python stack (and a
+        # Flight Recorder dump through the debug pipe) while it is still stuck, before the hang is called and before
+        # any plan restarts it. One request per node and stall. Given `suspects`, it runs outside the lock.
         current: set[str] = set()
-        suspects = self.detectors.suspects(now)
+        suspects = self.detectors.suspects(now) if suspects is None else suspects
         for job, nodes, since in suspects:
             if self._pods_finished(job):
-                self.detectors.end_job(job, now)
+                with self._lock:
+                    self.detectors.end_job(job, now)
                 continue
             for node in nodes:
                 # The id goes in a URL path (the agent answers POST .../requests/{id}): no "/" from ``namespace/job``.
@@ -375,16 +389,22 @@ class Kmend:
         """
         with self._lock:
             incidents = self.analyzer.correlator.active()
+            ticket = self.grouped.writer.last
+        self.grouped.durable(ticket)  # act only on stored incidents: no action survives a crash that lost its cause
         return self.healing.heal_once(incidents, self.set_incident_state, interrupted=interrupted, detach=detach)
 
     def set_incident_state(self, incident_id: str, state: IncidentState, why: str) -> None:
-        """Move an incident along (remediating, resolved) and store it."""
+        """Move an incident along (remediating, resolved) and store it, in order with the batches' writes."""
         with self._lock:
             current = self.analyzer.correlator.get(incident_id)
             if current is None or current.id != incident_id or current.state == state:
                 return
             updated = self.analyzer.correlator.set_state(incident_id, state, self.clock(), why)
-        self.store.save_incident(updated)
+            ticket = self.grouped.writer.submit(WriteSet(changed=(updated,))) if self.replicas is None else 0
+        if ticket:
+            self.grouped.durable(ticket)
+        else:
+            self.store.save_incident(updated)
         self._refresh_open_gauge()
 
     def prune_store(self) -> dict[str, int]:

@@ -5,17 +5,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
-import msgspec
 from sqlalchemy import Connection, Engine, Table, create_engine, event, func, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from analyzer.metric_eval import SeriesState
 from analyzer.records import Finding, Incident
-from collector.signal import LogLine, Signal, Source
+from collector.signal import Signal
 from collector.wire import to_wire
 from healer.records import FINAL_PLAN_STATES, ActionStep, Plan, PlanState, StepState, has_acted
 from kmend.serialize import (
@@ -27,8 +26,12 @@ from kmend.serialize import (
     plan_to_dict,
 )
 from kmend.store import schema
+from kmend.store.group import IngestOutcome as IngestOutcome
+from kmend.store.group import WriteSet
 from kmend.store.ledger import Ledger
 from kmend.store.retention import Retention, prune
+from kmend.store.rows import body_json, kept
+from kmend.store.rows import json_text as _json_text
 from kmend.store.series import series_row, series_state
 
 MIGRATION_LOCK = 0x6B6D656E64
@@ -38,34 +41,8 @@ Analyze = Callable[[Sequence[Signal]], tuple[list[Finding], list[Incident], list
 """Signals → (new findings, changed incidents, merges as (merged incident id, surviving id))."""
 
 
-@dataclass(frozen=True, slots=True)
-class IngestOutcome:
-    """What one ingested batch did."""
-
-    accepted: int
-    """Signals taken for the first time (log lines stored; metric and progress samples analysed, not stored)."""
-    duplicates: int
-    """Signals already seen (ignored)."""
-    findings: tuple[Finding, ...]
-    """Findings produced by the new signals."""
-    incidents: tuple[Incident, ...]
-    """Incidents created or changed."""
-    fresh: tuple[Signal, ...] = ()
-    """The newly stored signals."""
-
-
-def _kept(s: Signal) -> bool:
-    """Whether a signal is stored as a row (evidence: log lines and alerts), not only analysed (samples)."""
-    return type(s.payload) is LogLine or s.source is Source.ALERT
-
-
-_ENCODE = msgspec.json.Encoder()
-
-
-def _json_text(value: Any) -> str:
-    """JSON columns encoded in C (msgspec): every stored log line is one, and the stdlib's encoder was a tenth of
-    ingest's time."""
-    return _ENCODE.encode(value).decode()
+_LINE_COLUMNS = ("id", "node", "source", "ts", "body")
+_kept = kept  # the replica feed's name for it
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -107,6 +84,10 @@ class Store:
         self._step_upsert = step_stmt.on_conflict_do_update(
             index_elements=["id"], set_={k: step_stmt.excluded[k] for k in ("state", "result", "updated_at",
                                                                                "outputs")})
+        mark_stmt = self._insert(schema.producers)
+        self._mark_upsert = mark_stmt.on_conflict_do_update(
+            index_elements=["id"], set_={"seq": mark_stmt.excluded.seq, "updated_at": mark_stmt.excluded.updated_at},
+            where=schema.producers.c.seq < mark_stmt.excluded.seq)
         self.ledger = Ledger(self.engine, self._insert, clock)
         """Breaker, brakes' counts, repair requests, audit log, leases seen."""
 
@@ -210,15 +191,34 @@ class Store:
                 return IngestOutcome(0, sent, (), ())
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
             evidence = {e for f in found for e in f.evidence} if self.lines == "evidence" else None
-            self._insert_lines(conn, [s for s in fresh if _kept(s) and (evidence is None or s.id in evidence)])
-            stmt = self._insert(prod).values(id=producer, seq=seq, updated_at=self.clock())
-            conn.execute(stmt.on_conflict_do_update(
-                index_elements=["id"], set_={"seq": stmt.excluded.seq, "updated_at": stmt.excluded.updated_at},
-                where=prod.c.seq < stmt.excluded.seq))
-            self._write_results(conn, found, changed, merges)
-            if fresh and series is not None:
-                self._upsert_series(conn, series())
+            lines = [s for s in fresh if _kept(s) and (evidence is None or s.id in evidence)]
+            self._write(conn, [WriteSet(lines, origin, found, changed, merges, series() if fresh and series else ())])
         return IngestOutcome(len(fresh), sent - len(fresh), tuple(found), tuple(changed), tuple(fresh))
+
+    def write(self, sets: Sequence[WriteSet]) -> None:
+        """Write a group of analysed batches in one transaction, in the order they were analysed (group commit).
+
+        Each batch's lines, its producer's mark and its results commit together, so a batch is stored whole
+        or not at all; one commit serves the whole group.
+        """
+        with self.engine.begin() as conn:
+            self._write(conn, sets)
+
+    def _write(self, conn: Connection, sets: Sequence[WriteSet]) -> None:
+        self._insert_lines(conn, [s for ws in sets for s in ws.lines])
+        marks: dict[str, int] = {}
+        for ws in sets:
+            if ws.origin is not None:
+                marks[ws.origin[0]] = max(ws.origin[1], marks.get(ws.origin[0], 0))
+        if marks:
+            now = self.clock()
+            conn.execute(self._mark_upsert, [{"id": p, "seq": n, "updated_at": now} for p, n in marks.items()])
+        for ws in sets:
+            if ws.found or ws.changed or ws.merges:
+                self._write_results(conn, ws.found, ws.changed, ws.merges)
+        series = {st.key: st for ws in sets for st in ws.series}  # one row per series: its newest state
+        if series:
+            self._upsert_series(conn, list(series.values()))
 
     def producer_seq(self, producer: str) -> int | None:
         """The last batch number taken from a producer (None: none yet)."""
@@ -269,13 +269,16 @@ class Store:
             return
         if self._lines_sql is None:
             compiled = self._insert(schema.signals).on_conflict_do_nothing(index_elements=["id"]).compile(
-                dialect=self.engine.dialect, column_keys=["id", "node", "source", "ts", "body"])
+                dialect=self.engine.dialect, column_keys=list(_LINE_COLUMNS))
             self._lines_sql = (str(compiled), tuple(compiled.positiontup or ()))
         sql, positions = self._lines_sql
-        rows = [{"id": s.id, "node": s.node, "source": s.source.value, "ts": s.ts,
-                 "body": _json_text(to_wire(s) if s.sent_ts is None else to_wire(s) | {"sent_ts": s.sent_ts})}
-                for s in sigs]
-        params: list[Any] = [tuple(r[k] for k in positions) for r in rows] if positions else rows
+        params: list[Any]
+        if positions == _LINE_COLUMNS:  # positional (SQLite): the tuples straight away
+            params = [(s.id, s.node, s.source.value, s.ts, body_json(s)) for s in sigs]
+        else:
+            rows = [{"id": s.id, "node": s.node, "source": s.source.value, "ts": s.ts, "body": body_json(s)}
+                    for s in sigs]
+            params = [tuple(r[k] for k in positions) for r in rows] if positions else rows
         conn.exec_driver_sql(sql, params)
 
     def _upsert_series(self, conn: Connection, states: Sequence[SeriesState]) -> None:
