@@ -229,6 +229,16 @@ SERVICE_ENV = {
 }
 
 
+def _wait_agent_started(agent: Proc, node: str, timeout: float = 120.0) -> None:
+    """Until the agent watches its node (its sources built): a job started before that ends unseen by the
+    process source on a loaded machine, and its steps read later look like a job that stopped."""
+    deadline = time.monotonic() + timeout
+    while f"agent on {node}:" not in agent.log.read_text(errors="replace"):
+        assert agent.p.poll() is None, agent.log.read_text(errors="replace")
+        assert time.monotonic() < deadline, f"agent on {node} not started in {timeout} s"
+        time.sleep(0.1)
+
+
 @contextmanager
 def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str, ...] = (NODE,)) -> Iterator[Kmend]:
     """`kmend serve` (simulated cluster, SQLite) and a `kmend agent` per node (NODE alone by default), as separate
@@ -256,6 +266,8 @@ def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str
                                     # jobs step every 10-150 ms, so a 1 s window keeps naming a slow rank
                                     # within the tests' 30-step bound (5 s by default: up to one window later).
                                     "--progress-summary-s", "1"], tmp / f"agent{suffix}.log", {}))
+            for node, agent in zip(node_pods, agents, strict=True):
+                _wait_agent_started(agent, node)
             yield Kmend(url, pods, client, tmp / "kmend.db", node_pods)
     finally:
         for agent in agents:

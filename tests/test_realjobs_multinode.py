@@ -3,6 +3,7 @@ directory, and one `kmend serve`: a rank stopped from outside is named with its 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -65,6 +66,7 @@ def test_a_healthy_two_node_run_raises_nothing(kmend: Kmend) -> None:
     # Both agents shipped their ranks' progress, and the job's end (its processes gone on each node) is no hang.
     deadline = time.monotonic() + 12.0
     while time.monotonic() < deadline:
-        assert kmend.incidents() == []
+        incs = kmend.incidents()
+        assert incs == [], json.dumps(incs)[:4000]
         time.sleep(1.0)
     assert kmend.stored_lines("step ") == [] and kmend.progress_received() >= 4  # summarised on each node

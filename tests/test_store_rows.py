@@ -28,7 +28,7 @@ def test_metric_and_progress_samples_are_analysed_but_not_stored(tmp_path: Path)
     out = k.ingest([xid, *steps, line])
     assert out.accepted == 7 and out.duplicates == 0
     assert [f.fault_class.value for f in out.findings] == ["gpu_lost"]
-    assert k.detectors.book.jobs["llm"].ranks[0].last_step == 5
+    assert k.detectors.book.jobs["training/llm"].ranks[0].last_step == 5  # the bare reporter joins its namespaced job
     assert k.store.count_signals() == 1  # the log line only
 
     again = k.ingest([line])
