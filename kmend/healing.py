@@ -41,6 +41,7 @@ from healer.steps.base import RepairRequest, StepContext
 from healer.steps.node import set_health
 from healer.workloads import PodInfo
 from kmend.background import AFTER_CORDON, Background, next_kind
+from kmend.held import RateHeld
 from kmend.metrics import Metrics
 from kmend.store import Store
 
@@ -110,6 +111,7 @@ class Healing:
         self.resync_s = resync_s
         """How often the runnable ids are read again from the journal (a plan another replica's API saved)."""
         self._synced_at = float("-inf")
+        self.held = RateHeld(store, policy.safety.max_plans_per_hour)
         self.background = Background(self.executor, self._announce, stop_before=AFTER_QUARANTINE, parallel=parallel)
         """New plans' quarantines after their cordons (detached rounds); resumed once harvested from it."""
 
@@ -146,17 +148,19 @@ class Healing:
                 # Once per leadership and every resync_s, not every round: the loop tracks what it runs.
                 self._runnable = dict.fromkeys(self.store.runnable_plan_ids())
                 self._synced_at = now
+                self.held.resync(list(self._runnable))
             touched += self._plan_new(incidents, set_state, now, interrupted, detach)
             fresh = {p.id for p in touched} | self.background.running()
             self._due = {k: v for k, v in self._due.items() if k in self._runnable}
             # At least one plan per round goes on, however often new work interrupts: none waits forever.
             resumed = 0
-            for pid in list(self._runnable):
-                if pid in fresh or self._due.get(pid, (0.0, 0.0))[0] > now:
-                    continue
+            due = self.held.due([pid for pid in self._runnable if pid not in fresh
+                                 and self._due.get(pid, (0.0, 0.0))[0] <= now], now)
+            plans = {p.id: p for p in self.store.get_plans(due)} if due else {}  # one read for the round
+            for pid in due:
                 if resumed and interrupted():
                     return touched
-                p = self.store.get_plan(pid)
+                p = plans.get(pid)
                 if p is None or p.state not in (PlanState.RUNNING, PlanState.PENDING):
                     self._runnable.pop(pid, None)
                     continue
@@ -264,6 +268,7 @@ class Healing:
             self._due[done.id] = (now + wait, wait)
         else:
             self._due.pop(done.id, None)
+        self.held.note(plan, done)
         return done
 
     def _accept_nodes(self, now: float) -> list[Plan]:
@@ -289,6 +294,7 @@ class Healing:
 
     def _track(self, plan: Plan) -> Plan:
         """Keep the runnable ids current: the loop asks a plan again only while it is running or pending."""
+        self.held.forget(plan.id)  # it ran: _resume says again whether the rate limit holds it
         if self._runnable is not None and plan.state in (PlanState.RUNNING, PlanState.PENDING):
             self._runnable.setdefault(plan.id)
         elif self._runnable is not None:

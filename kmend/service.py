@@ -27,7 +27,6 @@ from collector.podmeta import JOB_LABELS
 from collector.signal import Signal
 from healer.cluster import Cluster
 from healer.gang.scheduler import GangScheduler
-from healer.keys import FAULT_TAINT_KEY, SPARE_LABEL, UNVALIDATED_TAINT_KEY
 from healer.lease import AlwaysLeader
 from healer.notify import Notifier
 from healer.policy import PolicyConfig
@@ -35,6 +34,7 @@ from healer.policy_file import PolicyFile, load_policy
 from healer.records import Plan, PlanState
 from healer.steps.base import RepairRequest, StepContext
 from healer.workloads import Workloads
+from kmend import views
 from kmend.grouped import GroupedIngest, report_failures
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
@@ -459,50 +459,25 @@ class Kmend:
     # -- views -------------------------------------------------------------------------
 
     def node_health(self) -> dict[str, dict[str, Any]]:
-        """Per-node health: healthy, spare (in the hot-spare pool), suspect (open incident) or quarantined.
+        """Per-node health (``kmend.views.node_health``); sets the quarantined-nodes gauge.
 
         Any replica answers with the leader's current view: one that does not lead reads the open incidents
         from PostgreSQL (one indexed query), not from its own correlator.
         """
-        by_node: dict[str, list[str]] = {}
         if self._follows():
             assert self.replicas is not None
             by_node = self.replicas.feed.open_incidents_by_node()
         else:
             with self._lock:
                 active = self.analyzer.correlator.active()
-            for inc in active:
-                if inc.root_cause.node:
-                    by_node.setdefault(inc.root_cause.node, []).append(inc.id)
-        out: dict[str, dict[str, Any]] = {}
-        quarantined = 0
-        records = self.healing.node_records()
-        for n in self.cluster.list_nodes():
-            fault = next((t.value for t in n.taints if t.key == FAULT_TAINT_KEY), None)
-            incs = by_node.get(n.name, [])
-            spare = n.labels.get(SPARE_LABEL) == "true"
-            state = "quarantined" if fault else ("suspect" if incs else ("spare" if spare else "healthy"))
-            if not fault and n.taint(UNVALIDATED_TAINT_KEY) is not None:
-                state = "unvalidated"
-            quarantined += fault is not None
-            out[n.name] = {
-                "state": state, "cordoned": n.unschedulable, "fault": fault,
-                "taints": [f"{t.key}={t.value}:{t.effect}" if t.value else f"{t.key}:{t.effect}" for t in n.taints],
-                "incidents": incs,
-                "conditions": {c.type: c.status for c in n.conditions},
-                **records.get(n.name, {"validation": None, "faults_in_window": 0, "mtbi_s": None, "lemon": None}),
-            }
-        self.metrics.nodes_quarantined.set(quarantined)
+            by_node = views.open_by_node(active)
+        out = views.node_health(self.cluster.list_nodes(), by_node, self.healing.node_records())
+        self.metrics.nodes_quarantined.set(sum(1 for v in out.values() if v["fault"] is not None))
         return out
 
     def actions(self) -> list[dict[str, Any]]:
         """Every step of every plan, flattened (for summaries)."""
-        out = []
-        for p in self.store.list_plans():
-            for s in p.steps:
-                out.append({"plan": p.id, "incident": p.incident_id, "kind": s.kind.value, "node": s.node,
-                            "result": s.state.value, "detail": s.result, "mode": p.mode.value})
-        return out
+        return views.actions(self.store.list_plans())
 
     def refresh_gauges(self) -> None:
         """Gauges that alerts read, kept fresh by the healer loop rather than by someone asking the API."""

@@ -432,37 +432,33 @@ class Store:
         conn.execute(self._step_upsert, row)
 
     def _plans(self, conn: Connection, incident_id: str | None = None, plan_id: str | None = None,
-               state: str | None = None, node: str | None = None) -> list[Plan]:
-        q = select(schema.plans.c.body).order_by(schema.plans.c.created_at, schema.plans.c.id)
-        if incident_id:
-            q = q.where(schema.plans.c.incident_id == incident_id)
-        if plan_id:
-            q = q.where(schema.plans.c.id == plan_id)
-        if state:
-            q = q.where(schema.plans.c.state == state)
-        if node:
-            q = q.where(schema.plans.c.node == node)
-        plans = [plan_from_dict(r[0]) for r in conn.execute(q)]
-        out = []
-        for p in plans:
-            # The step table is the journal: it is newer than the plan body.
-            rows = conn.execute(select(schema.steps.c.id, schema.steps.c.state, schema.steps.c.result,
-                                       schema.steps.c.outputs)
-                                .where(schema.steps.c.plan_id == p.id)).all()
-            by_id = {r[0]: (r[1], r[2], r[3]) for r in rows}
-            steps = tuple(
-                replace(s, state=StepState(by_id[s.id][0]), result=by_id[s.id][1],
-                        outputs=dict(by_id[s.id][2] or {})) if s.id in by_id else s
-                for s in p.steps
-            )
-            out.append(replace(p, steps=steps))
-        return out
+               state: str | None = None, node: str | None = None, plan_ids: Sequence[str] | None = None) -> list[Plan]:
+        p = schema.plans
+        where = [col == v for col, v in ((p.c.incident_id, incident_id), (p.c.id, plan_id), (p.c.state, state),
+                                         (p.c.node, node)) if v]
+        if plan_ids is not None:
+            where.append(p.c.id.in_(plan_ids))
+        plans = [plan_from_dict(r[0]) for r in conn.execute(select(p.c.body).where(*where)
+                                                            .order_by(p.c.created_at, p.c.id))]
+        # The step table is the journal: it is newer than the plan body. One query for all the plans' steps.
+        st = schema.steps
+        rows = conn.execute(select(st.c.id, st.c.state, st.c.result, st.c.outputs)
+                            .where(st.c.plan_id.in_(select(p.c.id).where(*where)))).all() if plans else []
+        by_id = {r[0]: (r[1], r[2], r[3]) for r in rows}
+        return [replace(x, steps=tuple(
+            replace(s, state=StepState(by_id[s.id][0]), result=by_id[s.id][1],
+                    outputs=dict(by_id[s.id][2] or {})) if s.id in by_id else s for s in x.steps)) for x in plans]
 
     def get_plan(self, plan_id: str) -> Plan | None:
         """One plan with its journaled step states."""
         with self.engine.connect() as conn:
             found = self._plans(conn, plan_id=plan_id)
             return found[0] if found else None
+
+    def get_plans(self, plan_ids: Sequence[str]) -> list[Plan]:
+        """These plans (those stored) with their journaled step states, oldest first: two queries."""
+        with self.engine.connect() as conn:
+            return self._plans(conn, plan_ids=plan_ids)
 
     def list_plans(self, *, state: str | None = None, node: str | None = None) -> list[Plan]:
         """All plans (in one state, about one node), oldest first."""
