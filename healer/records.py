@@ -131,6 +131,18 @@ LOCAL_STEPS = frozenset({StepKind.EVIDENCE})
 A plan whose only steps run so far are local has not started acting on the cluster (the brakes count it then)."""
 
 
+DISRUPTIVE_STEPS = frozenset({StepKind.CORDON, StepKind.TAINT, StepKind.DRAIN, StepKind.SPARE_SWAP,
+                              StepKind.RESTART_JOB, StepKind.REPAIR})
+"""Steps that take capacity or work away (a node out, pods evicted, a job restarted, a GPU reset or a reboot): the
+hourly plan budget counts plans that ran one. Telling people (notify, Events, conditions, labels) is never held
+back by it: a burst of application errors must not use up the budget a lost GPU needs."""
+
+
+def has_disrupted(steps: Sequence[ActionStep]) -> bool:
+    """Whether a step that takes capacity or work away has run (or is running or waiting)."""
+    return any(s.state not in (StepState.PENDING, StepState.SKIPPED) and s.kind in DISRUPTIVE_STEPS for s in steps)
+
+
 def has_acted(steps: Sequence[ActionStep]) -> bool:
     """Whether a step that acts outside the journal has run (or is running or waiting)."""
     return any(s.state not in (StepState.PENDING, StepState.SKIPPED) and s.kind not in LOCAL_STEPS for s in steps)

@@ -15,7 +15,7 @@ from typing import Protocol
 from healer.cluster import NodeInfo
 from healer.keys import QUARANTINED_BY, QUARANTINED_LABEL
 from healer.policy_file import Safety
-from healer.records import ActionStep, Plan, StepKind, has_acted
+from healer.records import DISRUPTIVE_STEPS, ActionStep, Plan, StepKind, has_disrupted
 
 GPU_NODE_LABELS = ("nvidia.com/gpu.count", "nvidia.com/gpu.present", "nvidia.com/gpu.product")
 """Labels that mark a GPU node (set by GPU feature discovery)."""
@@ -65,7 +65,7 @@ class SafetyLedger(Protocol):
         ...
 
     def plans_started_since(self, since: float, *, exclude_plan: str) -> int:
-        """Plans whose first step ran since `since`."""
+        """Plans started since `since` that ran a step taking capacity or work away (``DISRUPTIVE_STEPS``)."""
         ...
 
     def restarts_of(self, job: str, *, exclude_plan: str) -> list[float]:
@@ -158,8 +158,10 @@ class Guard:
         """Whether `step` of `plan` may run now."""
         now = self.clock()
         s = self.safety
-        started = has_acted(plan.steps)  # the evidence step alone is not acting on the cluster
-        if not started and step.node and not plan.policy.startswith(UNLIMITED_PREFIXES):
+        # The budget is for plans that take capacity or work away: a notification never waits for it, and a plan
+        # is counted (and held) from its first such step, whatever it told people before.
+        if step.kind in DISRUPTIVE_STEPS and step.node and not has_disrupted(plan.steps) \
+                and not plan.policy.startswith(UNLIMITED_PREFIXES):
             n = self.ledger.plans_started_since(now - 3600, exclude_plan=plan.id)
             if n >= s.max_plans_per_hour:
                 return Verdict(VerdictKind.WAIT, f"rate limit: {n} plans acted in the last hour "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from healer.records import Plan, PlanState, StepState, has_acted
+from healer.records import Plan, PlanState, StepState, has_disrupted
 from healer.safety import UNLIMITED_PREFIXES
 from kmend.store import Store
 
@@ -28,7 +28,7 @@ class RateHeld:
 
     def note(self, before: Plan, done: Plan) -> None:
         """After a plan was asked: held if it is still running, has not acted and went nowhere."""
-        if done.state is PlanState.RUNNING and done.node and not has_acted(done.steps) \
+        if done.state is PlanState.RUNNING and done.node and not has_disrupted(done.steps) \
                 and not done.policy.startswith(UNLIMITED_PREFIXES) and _states(done) == _states(before):
             self._held[done.id] = _states(done)
         else:

@@ -239,3 +239,24 @@ def test_the_hourly_plan_limit_holds_a_plan_until_the_hour_is_over(shipped_rules
     h.clock.advance(3600)
     second = h.run(second)
     assert h.cluster.get_node("gpu-node-05").unschedulable, second.reason
+
+
+def test_notifications_never_use_up_the_hourly_budget_a_lost_gpu_needs(shipped_rules: list[Rule],
+                                                                       tmp_path: Path) -> None:
+    data = yaml.safe_load(default_policy_path().read_text())
+    data["safety"].update({"max_plans_per_hour": 1, "breaker_max_fraction": 0.5, "max_out_fraction": 0.5})
+    data["defaults"]["drain_grace_s"] = 0
+    h = Harness(tmp_path, nodes=10, policy=parse_policy(data, "one-an-hour"))
+    # A burst of application errors on several nodes: each is told to the job's owner at once, none is held.
+    for i, node in enumerate(("gpu-node-04", "gpu-node-05", "gpu-node-06")):
+        app = h.run(h.plan(incident(shipped_rules, [container(
+            node, "RuntimeError: CUDA error: an illegal memory access was encountered", job=f"llm-{i}", ts=T0 + i)])))
+        assert app.policy == "application-fault/notify" and app.state is PlanState.SUCCEEDED, app.reason
+    # The budget is still there for the lost GPU that follows.
+    lost = h.run(h.plan(incident(shipped_rules, [kernel("gpu-node-03", XID79, ts=T0 + 60)])))
+    assert h.cluster.get_node("gpu-node-03").unschedulable, lost.reason
+    # And spent by it: the next hardware plan waits for the hour, its notification would not.
+    second = h.run(h.plan(incident(shipped_rules, [kernel("gpu-node-07", XID79, ts=T0 + 120)])), rounds=3)
+    assert not h.cluster.get_node("gpu-node-07").unschedulable
+    cordon = next(s for s in second.steps if s.kind is StepKind.CORDON)
+    assert "rate limit: 1 plans acted in the last hour" in cordon.result

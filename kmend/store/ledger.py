@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, func, select
 
 from healer.lease import LeaseRecord
-from healer.records import StepKind, StepState
+from healer.records import DISRUPTIVE_STEPS, StepKind, StepState
 from healer.safety import BreakerState
 from healer.steps.base import RepairRequest
 from kmend.store import schema
@@ -71,10 +71,16 @@ class Ledger:
             return {r[0] for r in conn.execute(q) if r[0]}
 
     def plans_started_since(self, since: float, *, exclude_plan: str) -> int:
-        p = schema.plans
-        # Health checks of new nodes do not use up the incidents' budget (a fleet grows by racks).
+        p, s = schema.plans, schema.steps
+        # Health checks of new nodes do not use up the incidents' budget (a fleet grows by racks), nor do plans
+        # that only told people (notify, Events, conditions): the budget is for taking capacity or work away.
+        disrupted = (select(s.c.plan_id).where(s.c.plan_id == p.c.id,
+                                              s.c.kind.in_([k.value for k in DISRUPTIVE_STEPS]),
+                                              s.c.state.not_in([StepState.PENDING.value, StepState.SKIPPED.value]))
+                     .exists())
         q = select(func.count()).select_from(p).where(p.c.started_at >= since, p.c.id != exclude_plan,
-                                                      p.c.node.is_not(None), ~p.c.id.startswith(ACCEPTANCE_ID))
+                                                      p.c.node.is_not(None), ~p.c.id.startswith(ACCEPTANCE_ID),
+                                                      disrupted)
         with self.engine.connect() as conn:
             return int(conn.execute(q).scalar_one())
 
