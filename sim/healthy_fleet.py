@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analyzer.detectors.hang import HangConfig
+from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
 from analyzer.records import Finding
+from sim.fleet_stacks import capture_delay, picture, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +79,34 @@ class Timeline:
     """(time, PAUSE / END / EXIT, step): announced pauses, the end line, every rank's exit."""
     end_ts: float = 0.0
     """When the run ended (the end line or the pods gone)."""
+    base: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per step: compute seconds."""
+    loader: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per step: seconds one rank's data loader stalled (0: none)."""
+    stall: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per step: seconds of an unannounced stall on one rank (0: none)."""
+    extra: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per report: seconds of announced pause or restart before its steps."""
 
 
 def draw_job(rng: np.random.Generator, kind: JobKind, hours: float, *, restart: bool, deleted: bool,
              stall_at: float | None = None, stall_s: float = 0.0) -> Timeline:
     """A healthy job of `kind` for about `hours`; `stall_at` (fraction of the run) adds one unannounced stall."""
     n = max(int(hours * 3600 / kind.step_s), 4 * kind.report_every)
-    steps = kind.step_s * rng.lognormal(0.0, 0.03, n)
+    base = kind.step_s * rng.lognormal(0.0, 0.03, n)
     # Data-loader stalls: 0.2 % of rank-steps, +0.5-5 s; the step ends when the slowest rank arrives.
     hit = rng.random(n) < 1 - (1 - 0.002) ** kind.world
-    steps[hit] += rng.uniform(0.5, 5.0, int(hit.sum()))
+    loader = np.zeros(n)
+    loader[hit] = rng.uniform(0.5, 5.0, int(hit.sum()))
     # Unannounced stalls (garbage collection, a slow shard): 1-6 s in 30 % of half-hours.
+    stall = np.zeros(n)
     per = max(int(1800 / kind.step_s), 1)
     for h in range(0, n, per):
         if rng.random() < 0.3:
-            steps[min(n - 1, h + int(rng.integers(per)))] += rng.uniform(1.0, 6.0)
+            stall[min(n - 1, h + int(rng.integers(per)))] += rng.uniform(1.0, 6.0)
     if stall_at is not None:
-        steps[int(stall_at * (n - 1))] += stall_s
+        stall[int(stall_at * (n - 1))] += stall_s
+    steps = base + loader + stall
     k = kind.report_every
     reports = n // k
     per_report = steps[: reports * k].reshape(reports, k)
@@ -132,7 +145,7 @@ def draw_job(rng: np.random.Generator, kind: JobKind, hours: float, *, restart: 
         end = float(ts[-1]) + 0.5
         markers.append((end, ProgressKind.END, int(step[-1])))
     markers.sort(key=lambda m: m[0])
-    return Timeline(kind, ts, step, step_time, markers, end)
+    return Timeline(kind, ts, step, step_time, markers, end, base, loader, stall, extra)
 
 
 def _terminated(rng: np.random.Generator, last: float, step: int) -> list[tuple[float, ProgressKind, int]]:
@@ -227,8 +240,38 @@ def judge(tl: Timeline, job: str, rng: np.random.Generator, cfg: HangConfig | No
         suite = DetectorSuite(hang=cfg)
         evs = _events(tl, job, max(0, i - (4 if short else window)), i, at, rng, node_of)
         suite.observe_digest(evs, [], evs[-1].ts)
+        add_stacks(suite, tl, job, node_of, at)
         found += suite.evaluate(at)
     return found, len(moments)
+
+
+def stacks_at(suite: DetectorSuite, tl: Timeline, job: str) -> float | None:
+    """When the stacks the service asks for in the job's current silence arrive (None: not asked for yet)."""
+    state = suite.book.jobs.get(suite.book.key_for("fleet", job))
+    thr = suite.hang.threshold(state) if state is not None else None
+    if state is None or thr is None or not state.ranks:
+        return None
+    newest = max(max(r.last_ts for r in state.ranks.values()), state.resume_ts)
+    i = int(np.searchsorted(tl.ts, newest, side="right")) - 1
+    return newest + suite.hang.config.suspect_fraction * thr + capture_delay(i)
+
+
+def add_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str], until: float) -> None:
+    """The stacks of the job's current silence, if they arrived by `until` while it was still silent."""
+    at = stacks_at(suite, tl, job)
+    if at is None or at > until:
+        return
+    state = suite.book.jobs[suite.book.key_for("fleet", job)]
+    newest = max(max(r.last_ts for r in state.ranks.values()), state.resume_ts)
+    i = int(np.searchsorted(tl.ts, newest, side="right")) - 1
+    if i + 1 >= len(tl.ts) or at >= tl.ts[i + 1]:
+        return  # progress came first: the agent found it running again (or the job is gone)
+    k = tl.kind.report_every
+    frames = picture(tl.kind.world, float(tl.extra[i + 1]), (tl.base, tl.loader, tl.stall), (i + 1) * k,
+                     at - float(tl.ts[i]))
+    for r, fr in frames.items():
+        suite.add_stack(f"fleet/{job}", StackSample(rank=r, node=node_of[r], pid=1000 + r, text=text(1000 + r, fr)),
+                        at)
 
 
 def run_fleet(job_hours: float, seed: int, *, stall_s: float = 0.0) -> tuple[float, int, list[Finding], dict[str, int]]:
