@@ -279,7 +279,8 @@ class Kmend:
     def _request_evidence(self, now: float) -> None:
         # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's
         # Python stack (and a Flight Recorder dump through the debug pipe) while it is still stuck,
-        # before the hang is called and before any plan restarts it. One request per node and stall.
+        # before the hang is called and before any plan restarts it. One request per node and stall, and one
+        # more every half threshold while the stacks it brought hold the hang finding.
         current: set[str] = set()
         suspects = self.detectors.suspects(now)
         for job, nodes, since in suspects:
@@ -289,6 +290,9 @@ class Kmend:
             for node in nodes:
                 # The id goes in a URL path (the agent answers POST .../requests/{id}): no "/" from ``namespace/job``.
                 rid = f"stack-dump:{job.replace('/', ':')}:{since:.3f}:{node}"
+                again = self.detectors.evidence_round(job, now)
+                if again:  # stacks that showed the ranks busy hold the hang: look again
+                    rid += f":{again}"
                 current.add(rid)
                 if rid not in self._evidence_asked:
                     self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))

@@ -117,6 +117,16 @@ class HangDetector:
                 out.append((name, newest))
         return out
 
+    def evidence_round(self, name: str, now: float) -> int:
+        """Which look at the job's current silence evidence is wanted for: 0 the first (at `suspect_fraction`
+        of the threshold), then one more every half threshold while stacks hold its finding."""
+        held = self._held.get(name)
+        job = self.book.jobs.get(name)
+        thr = self.threshold(job) if job is not None else None
+        if held is None or job is None or thr is None or held[0] != job.run:
+            return 0
+        return 1 + int(max(now - held[1] - thr, 0.0) // (0.5 * thr))
+
     def verdict(self, name: str, since: float) -> bool | None:
         """For evidence taken at `since`: True once the stall it was taken in is called a hang, False when the
         job progressed (or ended) after it, None while undecided."""

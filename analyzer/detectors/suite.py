@@ -113,6 +113,10 @@ class DetectorSuite:
         """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""
         return [(job, sorted(self.book.nodes_of(job)), since) for job, since in self.hang.suspects(now)]
 
+    def evidence_round(self, job: str, now: float) -> int:
+        """0 for the first evidence asked for in a job's silence; 1, 2, ... for newer stacks while they hold it."""
+        return self.hang.evidence_round(job, now)
+
     def add_flight_recorder_dump(self, job: str, rank: int, node: str, data: bytes, ts: float,
                                  source: str = "") -> None:
         """Parse (safely) and keep one rank's Flight Recorder dump; raises DumpError on a bad one."""
