@@ -240,30 +240,31 @@ def judge(tl: Timeline, job: str, rng: np.random.Generator, cfg: HangConfig | No
         suite = DetectorSuite(hang=cfg)
         evs = _events(tl, job, max(0, i - (4 if short else window)), i, at, rng, node_of)
         suite.observe_digest(evs, [], evs[-1].ts)
-        add_stacks(suite, tl, job, node_of, at)
+        found += with_stacks(suite, tl, job, node_of, at)
         found += suite.evaluate(at)
     return found, len(moments)
 
 
-def stacks_at(suite: DetectorSuite, tl: Timeline, job: str) -> float | None:
-    """When the stacks the service asks for in the job's current silence arrive (None: not asked for yet)."""
+def look(suite: DetectorSuite, tl: Timeline, job: str, m: int) -> tuple[float, float, int] | None:
+    """Look `m` at the job's current silence: (when the service asks, when the stacks arrive, the report the
+    silence follows); None before the job has a threshold. The first look is asked at `suspect_fraction` of the
+    threshold, look m >= 1 at the threshold plus m - 1 half thresholds (while stacks hold the finding)."""
     state = suite.book.jobs.get(suite.book.key_for("fleet", job))
     thr = suite.hang.threshold(state) if state is not None else None
     if state is None or thr is None or not state.ranks:
         return None
     newest = max(max(r.last_ts for r in state.ranks.values()), state.resume_ts)
     i = int(np.searchsorted(tl.ts, newest, side="right")) - 1
-    return newest + suite.hang.config.suspect_fraction * thr + capture_delay(i)
+    ask = newest + (suite.hang.config.suspect_fraction * thr if m == 0 else thr + 0.5 * (m - 1) * thr)
+    return ask, ask + capture_delay(i * 64 + m), i
 
 
-def add_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str], until: float) -> None:
-    """The stacks of the job's current silence, if they arrived by `until` while it was still silent."""
-    at = stacks_at(suite, tl, job)
-    if at is None or at > until:
+def add_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str], m: int) -> None:
+    """The stacks of look `m` at the job's current silence, if it was still silent when they were taken."""
+    got = look(suite, tl, job, m)
+    if got is None:
         return
-    state = suite.book.jobs[suite.book.key_for("fleet", job)]
-    newest = max(max(r.last_ts for r in state.ranks.values()), state.resume_ts)
-    i = int(np.searchsorted(tl.ts, newest, side="right")) - 1
+    _, at, i = got
     if i + 1 >= len(tl.ts) or at >= tl.ts[i + 1]:
         return  # progress came first: the agent found it running again (or the job is gone)
     k = tl.kind.report_every
@@ -272,6 +273,26 @@ def add_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str],
     for r, fr in frames.items():
         suite.add_stack(f"fleet/{job}", StackSample(rank=r, node=node_of[r], pid=1000 + r, text=text(1000 + r, fr)),
                         at)
+
+
+def with_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str], until: float) -> list[Finding]:
+    """Every look at the job's current silence that arrives by `until`, judged when it arrives (a newer look
+    that confirms a hang can follow one that held it); the findings up to the last arrival."""
+    found: list[Finding] = []
+    key = suite.book.key_for("fleet", job)
+    m = 0
+    while (got := look(suite, tl, job, m)) is not None:
+        ask, at, _ = got
+        if at > until:
+            break
+        if m:
+            found += suite.evaluate(ask)
+            if suite.evidence_round(key, ask) != m:
+                break  # reported or progressing: no newer look is asked for
+        add_stacks(suite, tl, job, node_of, m)
+        found += suite.evaluate(at)
+        m += 1
+    return found
 
 
 def run_fleet(job_hours: float, seed: int, *, stall_s: float = 0.0) -> tuple[float, int, list[Finding], dict[str, int]]:

@@ -8,27 +8,33 @@ import pytest
 
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.records import FaultClass, Finding
-from sim.healthy_fleet import KINDS, Timeline, _events, add_stacks, draw_job, judge, run_fleet, stacks_at
+from sim.healthy_fleet import KINDS, Timeline, _events, add_stacks, draw_job, judge, look, run_fleet
 
 
 def _every_second(tl: Timeline, job: str) -> list[Finding]:
     """The whole run fed to one suite in time order, evaluated once a second as the service does; each
-    silence's stacks are added once, when they arrive."""
+    silence's stacks are added when they arrive: the first look, and each newer one the service asks for."""
     nodes = [f"{job}-node-{r // 8}" for r in range(tl.kind.world)]
     evs = _events(tl, job, 0, len(tl.ts) - 1, tl.end_ts + 600.0, np.random.default_rng(0), nodes)
     suite = DetectorSuite()
     found: list[Finding] = []
-    asked: set[float] = set()
+    asked: set[tuple[int, int]] = set()
+    added: set[tuple[int, int]] = set()
     i, t = 0, evs[0].ts
     while t <= tl.end_ts + 600.0:
         j = i
         while j < len(evs) and evs[j].ts <= t:
             j += 1
         suite.observe_digest(evs[i:j], [], t)
-        at = stacks_at(suite, tl, job)
-        if at is not None and at <= t and at not in asked:
-            asked.add(at)
-            add_stacks(suite, tl, job, nodes, t)
+        first = look(suite, tl, job, 0)
+        if first is not None:
+            silence = first[2]
+            asked.add((silence, suite.evidence_round(f"fleet/{job}", t)))  # round 0, or the newer look asked now
+            for key in sorted(asked - added):
+                got = look(suite, tl, job, key[1])
+                if key[0] == silence and got is not None and got[1] <= t:
+                    added.add(key)
+                    add_stacks(suite, tl, job, nodes, key[1])
         found += suite.evaluate(t)
         i, t = j, t + 1.0
     return found
