@@ -248,14 +248,17 @@ def judge(tl: Timeline, job: str, rng: np.random.Generator, cfg: HangConfig | No
 def look(suite: DetectorSuite, tl: Timeline, job: str, m: int) -> tuple[float, float, int] | None:
     """Look `m` at the job's current silence: (when the service asks, when the stacks arrive, the report the
     silence follows); None before the job has a threshold. The first look is asked at `suspect_fraction` of the
-    threshold, look m >= 1 at the threshold plus m - 1 half thresholds (while stacks hold the finding)."""
+    threshold, the second at `second_look` of it, look m >= 2 at the threshold plus m - 2 half thresholds (while
+    stacks hold the finding)."""
     state = suite.book.jobs.get(suite.book.key_for("fleet", job))
     thr = suite.hang.threshold(state) if state is not None else None
     if state is None or thr is None or not state.ranks:
         return None
     newest = max(max(r.last_ts for r in state.ranks.values()), state.resume_ts)
     i = int(np.searchsorted(tl.ts, newest, side="right")) - 1
-    ask = newest + (suite.hang.config.suspect_fraction * thr if m == 0 else thr + 0.5 * (m - 1) * thr)
+    cfg = suite.hang.config
+    ask = newest + (cfg.suspect_fraction * thr if m == 0 else cfg.second_look * thr if m == 1
+                    else thr + 0.5 * (m - 2) * thr)
     return ask, ask + capture_delay(i * 64 + m), i
 
 
@@ -285,10 +288,12 @@ def with_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str]
         ask, at, _ = got
         if at > until:
             break
-        if m:
+        if m >= 2:
             found += suite.evaluate(ask)
             if suite.evidence_round(key, ask) != m:
                 break  # reported or progressing: no newer look is asked for
+        if m >= 1:
+            found += suite.evaluate(at - 0.001)  # the verdict on the looks before this one
         add_stacks(suite, tl, job, node_of, m)
         found += suite.evaluate(at)
         m += 1

@@ -115,9 +115,17 @@ def test_stacks_of_a_busy_data_loader_hold_the_hang_and_newer_stacks_are_asked_f
     kmend.evaluate(now=last + 14)
     assert _hangs(kmend) == []  # past the 13 s threshold: held
     again = [r.id for r in kmend.healing.requests("node-001")]
-    assert len(again) == 2 and again[1].endswith(":1")  # a second look at the held job
-    wall[0] = last + 14.5
-    kmend.ingest_stack("llm", 2, "node-001", 102, SLEEP, "S")  # now in its own code: stuck
-    kmend.evaluate(now=last + 15)
+    assert len(again) == 2 and again[1].endswith(":2")  # a newer look at the held job
+    wall[0] = last + 15.5
+    for r in range(4):  # rank 2 now in its own code: moved since the last look, so the job still runs
+        kmend.ingest_stack("llm", r, f"node-{r // 2:03d}", 100 + r, SLEEP if r == 2 else ALL_REDUCE, "S")
+    kmend.evaluate(now=last + 16)
+    assert _hangs(kmend) == []
+    kmend.evaluate(now=last + 20)  # half a threshold later: another look
+    assert [r.id for r in kmend.healing.requests("node-001")][-1].endswith(":3")
+    wall[0] = last + 21.5
+    for r in range(4):  # the same stacks again: stuck
+        kmend.ingest_stack("llm", r, f"node-{r // 2:03d}", 100 + r, SLEEP if r == 2 else ALL_REDUCE, "S")
+    kmend.evaluate(now=last + 22)
     [hang] = [i for i in kmend.incidents() if i.fault_class.value == "hang"]
     assert hang.root_cause.rank == 2

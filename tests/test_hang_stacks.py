@@ -121,14 +121,25 @@ def test_a_missing_rank_or_stacks_from_before_the_silence_change_nothing() -> No
     assert got is not None and got[0] - last <= 15.0
 
 
-def test_newer_stacks_that_show_a_stuck_rank_end_the_hold_at_once() -> None:
+def test_newer_stacks_that_show_a_stuck_rank_twice_end_the_hold_at_once() -> None:
     suite = DetectorSuite()
     last = job_until(suite)
     stacks(suite, last + 8.0, {2: LOADER})
     assert first_hang(suite, last + 1.0, last + 20.0) is None
-    stacks(suite, last + 20.5, {2: SLEEP})
-    got = first_hang(suite, last + 21.0, last + 60.0)
-    assert got is not None and got[0] - last == pytest.approx(21.0, abs=1.01)
+    stacks(suite, last + 20.5, {2: SLEEP})  # rank 2 moved since the last look: it still runs
+    assert first_hang(suite, last + 21.0, last + 26.0) is None
+    stacks(suite, last + 26.5, {2: SLEEP})  # and now it stays where it was
+    got = first_hang(suite, last + 27.0, last + 60.0)
+    assert got is not None and got[0] - last == pytest.approx(27.0, abs=1.01)
+    assert got[1].fields["held_by_stacks"] == "rank(s) 2 moved between two looks"
+
+
+def test_a_second_look_that_moved_holds_what_one_look_would_confirm() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    stacks(suite, last + 8.0, {})  # every rank in all_reduce ...
+    stacks(suite, last + 11.0, {r: FORWARD for r in range(WORLD)})  # ... then in forward: the job runs
+    assert first_hang(suite, last + 1.0, last + 40.0) is None
 
 
 @pytest.mark.parametrize(("text", "where"), [

@@ -18,8 +18,7 @@ def _every_second(tl: Timeline, job: str) -> list[Finding]:
     evs = _events(tl, job, 0, len(tl.ts) - 1, tl.end_ts + 600.0, np.random.default_rng(0), nodes)
     suite = DetectorSuite()
     found: list[Finding] = []
-    asked: set[tuple[int, int]] = set()
-    added: set[tuple[int, int]] = set()
+    silence, asked, added = -1, set[int](), set[int]()
     i, t = 0, evs[0].ts
     while t <= tl.end_ts + 600.0:
         j = i
@@ -28,13 +27,14 @@ def _every_second(tl: Timeline, job: str) -> list[Finding]:
         suite.observe_digest(evs[i:j], [], t)
         first = look(suite, tl, job, 0)
         if first is not None:
-            silence = first[2]
-            asked.add((silence, suite.evidence_round(f"fleet/{job}", t)))  # round 0, or the newer look asked now
-            for key in sorted(asked - added):
-                got = look(suite, tl, job, key[1])
-                if key[0] == silence and got is not None and got[1] <= t:
-                    added.add(key)
-                    add_stacks(suite, tl, job, nodes, key[1])
+            if first[2] != silence:  # a new silence: its looks start again
+                silence, asked, added = first[2], {0}, set()
+            asked.add(suite.evidence_round(f"fleet/{job}", t))  # the look the service asks for now
+            for n in sorted(asked - added):
+                got = look(suite, tl, job, n)
+                if got is not None and got[1] <= t:
+                    added.add(n)
+                    add_stacks(suite, tl, job, nodes, n)
         found += suite.evaluate(t)
         i, t = j, t + 1.0
     return found

@@ -71,6 +71,8 @@ class HangConfig:
     """GPU utilisation (%) at or below which a GPU counts as idle."""
     suspect_fraction: float = 0.5
     """A job stalled this fraction of its threshold is suspected: evidence (stacks, dumps) is asked for."""
+    second_look: float = 0.75
+    """A second look (stacks) is asked for at this fraction of the threshold."""
     hold_k: float = 4.0
     """Stacks that show the stalled ranks busy (not stuck) hold the finding at most this many thresholds."""
 
@@ -119,13 +121,17 @@ class HangDetector:
 
     def evidence_round(self, name: str, now: float) -> int:
         """Which look at the job's current silence evidence is wanted for: 0 the first (at `suspect_fraction`
-        of the threshold), then one more every half threshold while stacks hold its finding."""
-        held = self._held.get(name)
+        of the threshold), 1 a second at `second_look` of it (its stacks arrive before the threshold: a running
+        job's have moved), then one more every half threshold while stacks hold the finding."""
         job = self.book.jobs.get(name)
         thr = self.threshold(job) if job is not None else None
-        if held is None or job is None or thr is None or held[0] != job.run:
+        if job is None or thr is None or not job.ranks:
             return 0
-        return 1 + int(max(now - held[1] - thr, 0.0) // (0.5 * thr))
+        newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+        held = self._held.get(name)
+        if held is not None and held[:2] == (job.run, newest):
+            return 2 + int(max(now - newest - thr, 0.0) // (0.5 * thr))
+        return 1 if now - newest >= self.config.second_look * thr else 0
 
     def verdict(self, name: str, since: float) -> bool | None:
         """For evidence taken at `since`: True once the stall it was taken in is called a hang, False when the

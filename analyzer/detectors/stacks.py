@@ -122,7 +122,8 @@ def place(frames: list[str]) -> str:
     return "code"
 
 
-def exoneration(stacks: Mapping[int, StackSample], ranks: int) -> str | None:
+def exoneration(stacks: Mapping[int, StackSample], ranks: int,
+                previous: Mapping[int, StackSample] | None = None) -> str | None:
     """Why stacks taken in a silence show a slow job rather than a hung one, or None (they confirm a hang).
 
     Confirms: a stack missing for one of the `ranks`, a stopped process, every rank waiting in a collective
@@ -130,10 +131,17 @@ def exoneration(stacks: Mapping[int, StackSample], ranks: int) -> str | None:
     wait for it (stuck in a sleep, a lock, a loop: the culprit as the stack-dump finding names it). Exonerates:
     no rank waits on a peer (each runs its own code), or the ranks the others wait for are all busy in a
     `BUSY_PLACES` place (in synchronous training the peers of a rank whose data loader is slow wait in the
-    next all-reduce within one step: that is what a slow step looks like, too).
+    next all-reduce within one step: that is what a slow step looks like, too). Stacks that would confirm
+    exonerate all the same when an earlier look in the same silence (`previous`) saw a rank elsewhere: a hung
+    job's stacks stay as they are, a running one's move.
     """
     if ranks <= 0 or len(stacks) < ranks or any(s.stopped for s in stacks.values()):
         return None
+    if previous and len(previous) >= ranks:
+        moved = sorted(r for r, s in stacks.items()
+                       if r in previous and main_frames(previous[r].text) != main_frames(s.text))
+        if moved:
+            return f"rank(s) {','.join(map(str, moved[:8]))} moved between two looks"
     where = {r: place(main_frames(s.text)) for r, s in stacks.items()}
     outside = {r: p for r, p in where.items() if p != "collective"}
     if not outside:
@@ -163,20 +171,28 @@ class StackDetector:
         self._last: dict[str, float] = {}
         self._expected: dict[str, int] = {}
         self._taken: dict[str, dict[int, float]] = {}
+        self._before: dict[str, dict[int, tuple[StackSample, float]]] = {}
 
     def fresh(self, job: str, since: float) -> dict[int, StackSample]:
         """The job's kept stacks that arrived after `since` (taken in the silence that began then)."""
         taken = self._taken.get(job, {})
         return {r: s for r, s in self._stacks.get(job, {}).items() if taken.get(r, -1.0) > since}
 
+    def earlier(self, job: str, since: float) -> dict[int, StackSample]:
+        """Each rank's stack from the look before the freshest, when both arrived after `since`."""
+        return {r: s for r, (s, ts) in self._before.get(job, {}).items() if ts > since}
+
     def forget(self, job: str) -> None:
         """Drop the stacks kept for a job that left the book."""
-        for kept in (self._stacks, self._last, self._expected, self._taken):
+        for kept in (self._stacks, self._last, self._expected, self._taken, self._before):
             kept.pop(job, None)
 
     def add(self, job: str, sample: StackSample, ts: float, *, ranks: int = 0) -> None:
         """Keep one rank's stack (a newer one of the same rank replaces it); `ranks`: how many the job has."""
-        self._stacks.setdefault(job, {})[sample.rank] = sample
+        kept = self._stacks.setdefault(job, {})
+        if sample.rank in kept:
+            self._before.setdefault(job, {})[sample.rank] = (kept[sample.rank], self._taken[job][sample.rank])
+        kept[sample.rank] = sample
         self._taken.setdefault(job, {})[sample.rank] = ts
         self._last[job] = max(self._last.get(job, ts), ts)
         if ranks:
@@ -201,6 +217,7 @@ class StackDetector:
             del self._stacks[job]
             self._expected.pop(job, None)
             self._taken.pop(job, None)
+            self._before.pop(job, None)
             last = self._last.pop(job)
             if verdict:
                 out.append(self._finding(job, got, max(now, last)))

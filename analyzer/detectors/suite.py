@@ -96,7 +96,7 @@ class DetectorSuite:
         """Why the stacks taken since the job's last progress show it slow rather than hung (None: they don't)."""
         state = self.book.jobs.get(job)
         ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
-        return exoneration(self.stacks.fresh(job, since), ranks)
+        return exoneration(self.stacks.fresh(job, since), ranks, self.stacks.earlier(job, since))
 
     def _key(self, job: str) -> str:
         """The book's key for a job an agent or operator named as ``namespace/job`` or by its bare name."""
