@@ -129,3 +129,12 @@ def test_stacks_of_a_busy_data_loader_hold_the_hang_and_newer_stacks_are_asked_f
     kmend.evaluate(now=last + 22)
     [hang] = [i for i in kmend.incidents() if i.fault_class.value == "hang"]
     assert hang.root_cause.rank == 2
+
+
+def test_the_hold_bound_is_a_setting(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", dry_run=True, hang_hold_k=1.0)
+    kmend = make_kmend(settings, cluster=build_cluster(2, 8), notifier=LogNotifier())
+    assert kmend.detectors.hang.config.hold_k == 1.0
+    kmend.store.close()
+    with pytest.raises(ValueError, match="hang_hold_k"):
+        Settings(database_url="sqlite://", cluster="sim", hang_hold_k=0.5)
