@@ -294,9 +294,9 @@ class Kmend:
         self._wake.set()
 
     def _request_evidence(self, now: float, suspects: list[tuple[str, list[str], float]] | None = None) -> None:
-        # A job stalled for half its hang threshold: ask the agents on its nodes for every rank's Python stack (and a
-        # Flight Recorder dump through the debug pipe) while it is still stuck, before the hang is called and before
-        # any plan restarts it. One request per node and stall. Given `suspects`, it runs outside the lock.
+        # A stalled job: ask its nodes' agents for every rank's Python stack (and a Flight Recorder dump) while it is
+        # stuck, before the hang is called or a plan restarts it. One request per node and stall, one more every
+        # half threshold while the stacks hold the finding. Given `suspects`, it runs outside the lock.
         current: set[str] = set()
         suspects = self.detectors.suspects(now) if suspects is None else suspects
         for job, nodes, since in suspects:
@@ -307,6 +307,10 @@ class Kmend:
             for node in nodes:
                 # The id goes in a URL path (the agent answers POST .../requests/{id}): no "/" from ``namespace/job``.
                 rid = f"stack-dump:{job.replace('/', ':')}:{since:.3f}:{node}"
+                with self._lock:  # the detectors' state, read while batches change it
+                    again = self.detectors.evidence_round(job, now)
+                if again:  # stacks that showed the ranks busy hold the hang: look again
+                    rid += f":{again}"
                 current.add(rid)
                 if rid not in self._evidence_asked:
                     self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))

@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     hang_k: float = Field(2.4, description="hang when no progress for k x the job's median report interval "
                                            "(plus its spread; never past max(3 x median, 15 s) - 2 s) ...")
     hang_floor_s: float = Field(13.0, description="... and at least this many seconds")
+    hang_hold_k: float = Field(4.0, ge=1.0, description="stacks showing the stalled ranks busy hold a hang finding "
+                                                        "at most this many thresholds (1: never)")
     straggler_min_slowdown: float = Field(1.05, description="slowdown factor a straggler must reach")
     straggler_persistence: int = Field(3, description="consecutive steps a straggler must stay slow")
     flight_recorder_settle_s: float = Field(10.0, description="judge a job's dumps once none arrived for this long")

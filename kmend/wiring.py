@@ -149,7 +149,7 @@ def make_kmend(settings: Settings, *, cluster: Cluster | None = None, workloads:
         correlation_window_s=settings.correlation_window_s, health_check_template=template,
         namespace=settings.namespace,
         progress_rules=load_progress_rules(settings.progress_rules_dirs),
-        hang=HangConfig(k=settings.hang_k, floor_s=settings.hang_floor_s),
+        hang=HangConfig(k=settings.hang_k, floor_s=settings.hang_floor_s, hold_k=settings.hang_hold_k),
         straggler=StragglerConfig(min_slowdown=settings.straggler_min_slowdown,
                                   persistence=settings.straggler_persistence),
         flight_recorder_settle_s=settings.flight_recorder_settle_s,

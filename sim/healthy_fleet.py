@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analyzer.detectors.hang import HangConfig
+from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
 from analyzer.records import Finding
+from sim.fleet_stacks import capture_delay, picture, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +79,34 @@ class Timeline:
     """(time, PAUSE / END / EXIT, step): announced pauses, the end line, every rank's exit."""
     end_ts: float = 0.0
     """When the run ended (the end line or the pods gone)."""
+    base: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per step: compute seconds."""
+    loader: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per step: seconds one rank's data loader stalled (0: none)."""
+    stall: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per step: seconds of an unannounced stall on one rank (0: none)."""
+    extra: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per report: seconds of announced pause or restart before its steps."""
 
 
 def draw_job(rng: np.random.Generator, kind: JobKind, hours: float, *, restart: bool, deleted: bool,
              stall_at: float | None = None, stall_s: float = 0.0) -> Timeline:
     """A healthy job of `kind` for about `hours`; `stall_at` (fraction of the run) adds one unannounced stall."""
     n = max(int(hours * 3600 / kind.step_s), 4 * kind.report_every)
-    steps = kind.step_s * rng.lognormal(0.0, 0.03, n)
+    base = kind.step_s * rng.lognormal(0.0, 0.03, n)
     # Data-loader stalls: 0.2 % of rank-steps, +0.5-5 s; the step ends when the slowest rank arrives.
     hit = rng.random(n) < 1 - (1 - 0.002) ** kind.world
-    steps[hit] += rng.uniform(0.5, 5.0, int(hit.sum()))
+    loader = np.zeros(n)
+    loader[hit] = rng.uniform(0.5, 5.0, int(hit.sum()))
     # Unannounced stalls (garbage collection, a slow shard): 1-6 s in 30 % of half-hours.
+    stall = np.zeros(n)
     per = max(int(1800 / kind.step_s), 1)
     for h in range(0, n, per):
         if rng.random() < 0.3:
-            steps[min(n - 1, h + int(rng.integers(per)))] += rng.uniform(1.0, 6.0)
+            stall[min(n - 1, h + int(rng.integers(per)))] += rng.uniform(1.0, 6.0)
     if stall_at is not None:
-        steps[int(stall_at * (n - 1))] += stall_s
+        stall[int(stall_at * (n - 1))] += stall_s
+    steps = base + loader + stall
     k = kind.report_every
     reports = n // k
     per_report = steps[: reports * k].reshape(reports, k)
@@ -132,7 +145,7 @@ def draw_job(rng: np.random.Generator, kind: JobKind, hours: float, *, restart: 
         end = float(ts[-1]) + 0.5
         markers.append((end, ProgressKind.END, int(step[-1])))
     markers.sort(key=lambda m: m[0])
-    return Timeline(kind, ts, step, step_time, markers, end)
+    return Timeline(kind, ts, step, step_time, markers, end, base, loader, stall, extra)
 
 
 def _terminated(rng: np.random.Generator, last: float, step: int) -> list[tuple[float, ProgressKind, int]]:
@@ -227,8 +240,64 @@ def judge(tl: Timeline, job: str, rng: np.random.Generator, cfg: HangConfig | No
         suite = DetectorSuite(hang=cfg)
         evs = _events(tl, job, max(0, i - (4 if short else window)), i, at, rng, node_of)
         suite.observe_digest(evs, [], evs[-1].ts)
+        found += with_stacks(suite, tl, job, node_of, at)
         found += suite.evaluate(at)
     return found, len(moments)
+
+
+def look(suite: DetectorSuite, tl: Timeline, job: str, m: int) -> tuple[float, float, int] | None:
+    """Look `m` at the job's current silence: (when the service asks, when the stacks arrive, the report the
+    silence follows); None before the job has a threshold. The first look is asked at `suspect_fraction` of the
+    threshold, the second at `second_look` of it, look m >= 2 at the threshold plus m - 2 half thresholds (while
+    stacks hold the finding)."""
+    state = suite.book.jobs.get(suite.book.key_for("fleet", job))
+    thr = suite.hang.threshold(state) if state is not None else None
+    if state is None or thr is None or not state.ranks:
+        return None
+    newest = max(max(r.last_ts for r in state.ranks.values()), state.resume_ts)
+    i = int(np.searchsorted(tl.ts, newest, side="right")) - 1
+    cfg = suite.hang.config
+    ask = newest + (cfg.suspect_fraction * thr if m == 0 else cfg.second_look * thr if m == 1
+                    else thr + 0.5 * (m - 2) * thr)
+    return ask, ask + capture_delay(i * 64 + m), i
+
+
+def add_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str], m: int) -> None:
+    """The stacks of look `m` at the job's current silence, if it was still silent when they were taken."""
+    got = look(suite, tl, job, m)
+    if got is None:
+        return
+    _, at, i = got
+    if i + 1 >= len(tl.ts) or at >= tl.ts[i + 1]:
+        return  # progress came first: the agent found it running again (or the job is gone)
+    k = tl.kind.report_every
+    frames = picture(tl.kind.world, float(tl.extra[i + 1]), (tl.base, tl.loader, tl.stall), (i + 1) * k,
+                     at - float(tl.ts[i]))
+    for r, fr in frames.items():
+        suite.add_stack(f"fleet/{job}", StackSample(rank=r, node=node_of[r], pid=1000 + r, text=text(1000 + r, fr)),
+                        at)
+
+
+def with_stacks(suite: DetectorSuite, tl: Timeline, job: str, node_of: list[str], until: float) -> list[Finding]:
+    """Every look at the job's current silence that arrives by `until`, judged when it arrives (a newer look
+    that confirms a hang can follow one that held it); the findings up to the last arrival."""
+    found: list[Finding] = []
+    key = suite.book.key_for("fleet", job)
+    m = 0
+    while (got := look(suite, tl, job, m)) is not None:
+        ask, at, _ = got
+        if at > until:
+            break
+        if m >= 2:
+            found += suite.evaluate(ask)
+            if suite.evidence_round(key, ask) != m:
+                break  # reported or progressing: no newer look is asked for
+        if m >= 1:
+            found += suite.evaluate(at - 0.001)  # the verdict on the looks before this one
+        add_stacks(suite, tl, job, node_of, m)
+        found += suite.evaluate(at)
+        m += 1
+    return found
 
 
 def run_fleet(job_hours: float, seed: int, *, stall_s: float = 0.0) -> tuple[float, int, list[Finding], dict[str, int]]:

@@ -90,3 +90,51 @@ def test_deleting_a_jobs_pods_in_its_namespace_ends_it_while_its_name_runs_on_el
     for k in range(1, 60):
         kmend.evaluate(now=t + k)
     assert _hangs(kmend) == []
+
+
+LOADER = ('Thread 9 (idle): "MainThread"\n    get (queue.py:180)\n'
+          "    _get_data (torch/utils/data/dataloader.py:1294)\n    _next_data (torch/utils/data/dataloader.py:1332)\n"
+          "    train (train.py:40)\n")
+ALL_REDUCE = ('Thread 9 (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:3252)\n'
+              "    train (train.py:46)\n")
+SLEEP = 'Thread 9 (idle): "MainThread"\n    sleep_forever (train.py:59)\n    train (train.py:44)\n'
+
+
+def test_stacks_of_a_busy_data_loader_hold_the_hang_and_newer_stacks_are_asked_for(
+    service: tuple[Kmend, SimWorkloads],
+) -> None:
+    kmend, _ = service
+    last = _steps(kmend, 30)
+    wall = [last]
+    kmend.clock = lambda: wall[0]
+    kmend.detector_now()  # the service's clock reads the last step's time, then moves on
+    kmend.evaluate(now=last + 7)
+    wall[0] = last + 9  # the agent answers 2 s after the request
+    for r in range(4):  # rank 2 waits on its data loader's workers, the others for it in the all-reduce
+        kmend.ingest_stack("llm", r, f"node-{r // 2:03d}", 100 + r, LOADER if r == 2 else ALL_REDUCE, "S")
+    kmend.evaluate(now=last + 14)
+    assert _hangs(kmend) == []  # past the 13 s threshold: held
+    again = [r.id for r in kmend.healing.requests("node-001")]
+    assert len(again) == 2 and again[1].endswith(":2")  # a newer look at the held job
+    wall[0] = last + 15.5
+    for r in range(4):  # rank 2 now in its own code: moved since the last look, so the job still runs
+        kmend.ingest_stack("llm", r, f"node-{r // 2:03d}", 100 + r, SLEEP if r == 2 else ALL_REDUCE, "S")
+    kmend.evaluate(now=last + 16)
+    assert _hangs(kmend) == []
+    kmend.evaluate(now=last + 20)  # half a threshold later: another look
+    assert [r.id for r in kmend.healing.requests("node-001")][-1].endswith(":3")
+    wall[0] = last + 21.5
+    for r in range(4):  # the same stacks again: stuck
+        kmend.ingest_stack("llm", r, f"node-{r // 2:03d}", 100 + r, SLEEP if r == 2 else ALL_REDUCE, "S")
+    kmend.evaluate(now=last + 22)
+    [hang] = [i for i in kmend.incidents() if i.fault_class.value == "hang"]
+    assert hang.root_cause.rank == 2
+
+
+def test_the_hold_bound_is_a_setting(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", dry_run=True, hang_hold_k=1.0)
+    kmend = make_kmend(settings, cluster=build_cluster(2, 8), notifier=LogNotifier())
+    assert kmend.detectors.hang.config.hold_k == 1.0
+    kmend.store.close()
+    with pytest.raises(ValueError, match="hang_hold_k"):
+        Settings(database_url="sqlite://", cluster="sim", hang_hold_k=0.5)

@@ -11,12 +11,21 @@ Two shapes, told apart because they point at different culprits:
   never joined. Without metrics the finding names only the job, and the Flight
   Recorder or a hardware finding narrows it.
 
+Two stages: a silence that reaches the threshold is a hang unless the freshest
+stacks of the job's ranks, taken after its last progress, show it slow rather
+than stuck (``stacks.exoneration``: every rank busy in its own work, or the ranks
+the others wait for busy loading data, saving a checkpoint, evaluating, reading
+files). Then the finding is held, up to `hold_k` x the threshold, and re-judged on
+newer stacks; a stopped rank, every rank in a collective, or a rank elsewhere
+while the others wait confirms at once. No stacks in time: judged as before.
+
 Time comes in as ``now``; nothing here reads a clock.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from analyzer.detectors import HANG_CAUSES
@@ -62,6 +71,10 @@ class HangConfig:
     """GPU utilisation (%) at or below which a GPU counts as idle."""
     suspect_fraction: float = 0.5
     """A job stalled this fraction of its threshold is suspected: evidence (stacks, dumps) is asked for."""
+    second_look: float = 0.75
+    """A second look (stacks) is asked for at this fraction of the threshold."""
+    hold_k: float = 4.0
+    """Stacks that show the stalled ranks busy (not stuck) hold the finding at most this many thresholds."""
 
 
 class HangDetector:
@@ -73,10 +86,14 @@ class HangDetector:
         self.book = book
         self.config = config or HangConfig()
         self._reported: dict[str, tuple[int, float]] = {}
+        self._held: dict[str, tuple[int, float, str]] = {}
+        self.exonerate: Callable[[str, float], str | None] = lambda job, since: None
+        """For a job silent since a time: why its freshest stacks show it slow, not stuck (None: they don't)."""
 
     def forget(self, job: str) -> None:
         """Drop what is kept about a job that left the book."""
         self._reported.pop(job, None)
+        self._held.pop(job, None)
 
     def threshold(self, job: JobState) -> float | None:
         """Seconds without progress that make a hang for this job; None while history is too short."""
@@ -101,6 +118,20 @@ class HangDetector:
             if now - newest >= self.config.suspect_fraction * thr:
                 out.append((name, newest))
         return out
+
+    def evidence_round(self, name: str, now: float) -> int:
+        """Which look at the job's current silence evidence is wanted for: 0 the first (at `suspect_fraction`
+        of the threshold), 1 a second at `second_look` of it (its stacks arrive before the threshold: a running
+        job's have moved), then one more every half threshold while stacks hold the finding."""
+        job = self.book.jobs.get(name)
+        thr = self.threshold(job) if job is not None else None
+        if job is None or thr is None or not job.ranks:
+            return 0
+        newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+        held = self._held.get(name)
+        if held is not None and held[:2] == (job.run, newest):
+            return 2 + int(max(now - newest - thr, 0.0) // (0.5 * thr))
+        return 1 if now - newest >= self.config.second_look * thr else 0
 
     def verdict(self, name: str, since: float) -> bool | None:
         """For evidence taken at `since`: True once the stall it was taken in is called a hang, False when the
@@ -137,9 +168,17 @@ class HangDetector:
         newest = max(last.values())
         if now - newest < thr:
             self._reported.pop(name, None)  # progressing: a later stall is a new episode
+            self._held.pop(name, None)
             return None
         if self._reported.get(name) == (job.run, newest):
             return None
+        exited = sorted(r for r, st in job.ranks.items() if r >= 0 and st.exited_at is not None)
+        if not exited and now - newest < self.config.hold_k * thr:
+            why = self.exonerate(name, newest)
+            if why is not None:
+                self._held[name] = (job.run, newest, why)
+                return None
+        held = self._held.pop(name, None)
         self._reported[name] = (job.run, newest)
         interval = statistics.median(job.intervals)
         behind = self._behind(job)
@@ -152,7 +191,9 @@ class HangDetector:
             fields["median_step_s"] = f"{statistics.median(job.step_times):.3f}"
         culprit: tuple[int, RankState] | None = None
         gpu_node: str | None = None
-        exited = sorted(r for r, st in job.ranks.items() if r >= 0 and st.exited_at is not None)
+        if held is not None and held[:2] == (job.run, newest):
+            fields["held_by_stacks"] = held[2][:500]
+            fields["held_for_s"] = f"{now - newest - thr:.1f}"
         if exited:
             mode = "rank_exited"
             culprit = (exited[0], job.ranks[exited[0]])

@@ -35,6 +35,26 @@ _COLLECTIVE_FILES = ("torch/distributed/", "torch/autograd/", "deepspeed/comm/",
 _COLLECTIVE_FUNCS = frozenset({"all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "reduce_scatter",
                                "all_to_all", "backward", "synchronize", "_engine_run_backward", "wait"})
 
+BUSY_PLACES: tuple[tuple[str, str, frozenset[str]], ...] = (
+    ("checkpoint", "torch/distributed/checkpoint/",
+     frozenset({"save", "async_save", "_save_state_dict", "save_state_dict"})),
+    ("checkpoint", "torch/serialization.py", frozenset({"save", "_save", "_legacy_save"})),
+    ("checkpoint", "", frozenset({"_save_checkpoint", "save_checkpoint", "save_model"})),
+    ("data loader", "torch/utils/data/", frozenset()),
+    ("evaluation", "", frozenset({"evaluate", "evaluation_loop", "prediction_loop", "_evaluation_loop", "validate",
+                                  "validation_step", "run_evaluation"})),
+    ("file I/O", "", frozenset({"read", "readinto", "write", "flush", "fsync", "copyfileobj"})),
+)
+"""Where a rank that is not waiting on its peers is busy with its own work, and healthy while slow: ``(place,
+file part, function names)``; a frame matches when its file contains the part and (if names are given) its
+function is one of them. ``torch.save`` (``torch/serialization.py``) and distributed checkpoint's ``dcp.save``
+(``torch/distributed/checkpoint/state_dict_saver.py``, which gathers plans over the process group: a rank
+inside it is busy saving even while a collective inside it waits); the DataLoader's iterator
+(``torch/utils/data/dataloader.py``: ``__next__``, ``_next_data``, ``_get_data``, ``_try_get_data`` waiting on
+its workers' queue) and fetchers (``torch/utils/data/_utils/fetch.py``); trainers' evaluation loops
+(Hugging Face ``evaluate`` / ``evaluation_loop``, Lightning's ``_evaluation_loop``); file reads and writes.
+Checkpoint frames win over a collective below them; any other collective wait wins over the rest."""
+
 
 @dataclass(frozen=True, slots=True)
 class StackSample:
@@ -88,6 +108,58 @@ def in_collective(frames: list[str]) -> bool:
     return False
 
 
+def place(frames: list[str]) -> str:
+    """Where a main thread is: ``collective`` (waiting on its peers), a `BUSY_PLACES` place, or ``code``."""
+    parsed = [(m.group("func"), m.group("file")) for fr in frames if (m := _FRAME.match("    " + fr))]
+    for func, file in parsed:
+        if "torch/distributed/checkpoint/" in file and func in BUSY_PLACES[0][2]:
+            return "checkpoint"
+    if in_collective(frames):
+        return "collective"
+    for name, part, funcs in BUSY_PLACES:
+        if any(part in file and (not funcs or func in funcs) for func, file in parsed):
+            return name
+    return "code"
+
+
+def exoneration(stacks: Mapping[int, StackSample], ranks: int,
+                previous: Mapping[int, StackSample] | None = None) -> str | None:
+    """Why stacks taken in a silence show a slow job rather than a hung one, or None (they confirm a hang).
+
+    Confirms: a stack missing for one of the `ranks`, a stopped process, every rank waiting in a collective
+    (no one left to finish it), or a rank outside the collectives in code of no `BUSY_PLACES` place while others
+    wait for it (stuck in a sleep, a lock, a loop: the culprit as the stack-dump finding names it). Exonerates:
+    no rank waits on a peer (each runs its own code), or the ranks the others wait for are all busy in a
+    `BUSY_PLACES` place (in synchronous training the peers of a rank whose data loader is slow wait in the
+    next all-reduce within one step: that is what a slow step looks like, too). Stacks that would confirm
+    exonerate all the same when an earlier look in the same silence (`previous`) saw a rank elsewhere: a hung
+    job's stacks stay as they are, a running one's move.
+    """
+    if ranks <= 0 or len(stacks) < ranks or any(s.stopped for s in stacks.values()):
+        return None
+    if previous and len(previous) >= ranks:
+        moved = sorted(r for r, s in stacks.items()
+                       if r in previous and main_frames(previous[r].text) != main_frames(s.text))
+        if moved:
+            return f"rank(s) {','.join(map(str, moved[:8]))} moved between two looks"
+    where = {r: place(main_frames(s.text)) for r, s in stacks.items()}
+    outside = {r: p for r, p in where.items() if p != "collective"}
+    if not outside:
+        return None
+    if len(outside) == len(where):
+        return "no rank waits in a collective: " + _places(outside)
+    if all(p != "code" for p in outside.values()):
+        return _places(outside) + "; the others wait for them in a collective"
+    return None
+
+
+def _places(where: Mapping[int, str]) -> str:
+    by: dict[str, list[int]] = {}
+    for r, p in sorted(where.items()):
+        by.setdefault(p, []).append(r)
+    return ", ".join(f"rank(s) {','.join(map(str, rs[:8]))} in {p}" for p, rs in by.items())
+
+
 class StackDetector:
     """Keeps a job's stack dumps as they arrive and judges them once they settle."""
 
@@ -98,15 +170,30 @@ class StackDetector:
         self._stacks: dict[str, dict[int, StackSample]] = {}
         self._last: dict[str, float] = {}
         self._expected: dict[str, int] = {}
+        self._taken: dict[str, dict[int, float]] = {}
+        self._before: dict[str, dict[int, tuple[StackSample, float]]] = {}
+
+    def fresh(self, job: str, since: float) -> dict[int, StackSample]:
+        """The job's kept stacks that arrived after `since` (taken in the silence that began then)."""
+        taken = self._taken.get(job, {})
+        return {r: s for r, s in self._stacks.get(job, {}).items() if taken.get(r, -1.0) > since}
+
+    def earlier(self, job: str, since: float) -> dict[int, StackSample]:
+        """Each rank's stack from the look before the freshest, when both arrived after `since`."""
+        return {r: s for r, (s, ts) in self._before.get(job, {}).items() if ts > since}
 
     def forget(self, job: str) -> None:
         """Drop the stacks kept for a job that left the book."""
-        for kept in (self._stacks, self._last, self._expected):
+        for kept in (self._stacks, self._last, self._expected, self._taken, self._before):
             kept.pop(job, None)
 
     def add(self, job: str, sample: StackSample, ts: float, *, ranks: int = 0) -> None:
         """Keep one rank's stack (a newer one of the same rank replaces it); `ranks`: how many the job has."""
-        self._stacks.setdefault(job, {})[sample.rank] = sample
+        kept = self._stacks.setdefault(job, {})
+        if sample.rank in kept:
+            self._before.setdefault(job, {})[sample.rank] = (kept[sample.rank], self._taken[job][sample.rank])
+        kept[sample.rank] = sample
+        self._taken.setdefault(job, {})[sample.rank] = ts
         self._last[job] = max(self._last.get(job, ts), ts)
         if ranks:
             self._expected[job] = ranks
@@ -129,6 +216,8 @@ class StackDetector:
                 continue
             del self._stacks[job]
             self._expected.pop(job, None)
+            self._taken.pop(job, None)
+            self._before.pop(job, None)
             last = self._last.pop(job)
             if verdict:
                 out.append(self._finding(job, got, max(now, last)))

@@ -9,7 +9,7 @@ from typing import TypeVar
 from analyzer.detectors.book import JobBook
 from analyzer.detectors.flight_recorder import Dump, FlightRecorderDetector, RankDump, SettledJob, load_dump
 from analyzer.detectors.hang import HangConfig, HangDetector
-from analyzer.detectors.stacks import StackDetector, StackSample
+from analyzer.detectors.stacks import StackDetector, StackSample, exoneration
 from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
 from analyzer.detectors.witnesses import WitnessDetector
 from analyzer.progress import ProgressEvent, ProgressExtractor
@@ -50,6 +50,7 @@ class DetectorSuite:
         self.flight_recorder = FlightRecorderDetector(settle_s=flight_recorder_settle_s)
         self.witnesses = WitnessDetector(self.book)
         self.stacks = StackDetector()
+        self.hang.exonerate = self._exonerate
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
@@ -91,6 +92,12 @@ class DetectorSuite:
         self.stacks.add(job, sample, ts, ranks=ranks)
         self.watermark = max(self.watermark, ts)
 
+    def _exonerate(self, job: str, since: float) -> str | None:
+        """Why the stacks taken since the job's last progress show it slow rather than hung (None: they don't)."""
+        state = self.book.jobs.get(job)
+        ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
+        return exoneration(self.stacks.fresh(job, since), ranks, self.stacks.earlier(job, since))
+
     def _key(self, job: str) -> str:
         """The book's key for a job an agent or operator named as ``namespace/job`` or by its bare name."""
         ns, sep, name = job.partition("/")
@@ -105,6 +112,10 @@ class DetectorSuite:
     def suspects(self, now: float) -> list[tuple[str, list[str], float]]:
         """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""
         return [(job, sorted(self.book.nodes_of(job)), since) for job, since in self.hang.suspects(now)]
+
+    def evidence_round(self, job: str, now: float) -> int:
+        """0 for the first evidence asked for in a job's silence; 1, 2, ... for newer stacks while they hold it."""
+        return self.hang.evidence_round(job, now)
 
     def add_flight_recorder_dump(self, job: str, rank: int, node: str, data: bytes, ts: float,
                                  source: str = "") -> None:

@@ -1,0 +1,241 @@
+"""Two-stage hang judgement: stacks taken in a silence hold a hang finding while the stalled ranks are busy
+(data loader, checkpoint, evaluation) and confirm it at once when a rank is stopped or waits in a collective
+for a rank stuck elsewhere; the frame table on real py-spy dumps of a DataLoader wait and a gloo all_reduce."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from analyzer.detectors.stacks import StackSample, exoneration, main_frames, place
+from analyzer.detectors.suite import DetectorSuite
+from analyzer.progress import ProgressEvent
+from analyzer.progress_rules import ProgressKind
+from analyzer.records import FaultClass, Finding
+
+STACKS = Path(__file__).parent / "fixtures" / "stacks"
+WORLD = 4
+STEP = 1.0
+
+
+def dump(*frames: str) -> str:
+    body = "\n".join(f"    {f}" for f in frames)
+    head = "Process 7: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+    return f'{head}Thread 7 (idle): "MainThread"\n{body}\n'
+
+
+LOADER = dump("wait (threading.py:331)", "get (queue.py:180)",
+              "_try_get_data (torch/utils/data/dataloader.py:1133)",
+              "_get_data (torch/utils/data/dataloader.py:1294)", "_next_data (torch/utils/data/dataloader.py:1332)",
+              "__next__ (torch/utils/data/dataloader.py:631)", "train (train.py:40)", "<module> (train.py:80)")
+ALL_REDUCE = (STACKS / "waiting_in_all_reduce.txt").read_text()
+SLEEP = (STACKS / "stuck_in_sleep.txt").read_text()
+SAVING = dump("_save (torch/serialization.py:853)", "save (torch/serialization.py:629)",
+              "_save_checkpoint (transformers/trainer.py:2930)", "train (train.py:52)")
+DCP = dump("all_gather_object (torch/distributed/distributed_c10d.py:2421)",
+           "gather_object (torch/distributed/checkpoint/utils.py:120)",
+           "save (torch/distributed/checkpoint/state_dict_saver.py:150)", "train (train.py:52)")
+FORWARD = dump("forward (model.py:30)", "_call_impl (torch/nn/modules/module.py:1527)", "train (train.py:44)")
+
+
+def job_until(suite: DetectorSuite, steps: int = 30) -> float:
+    """A 4-rank job reporting a step a second; returns when its last step was reported."""
+    evs = [ProgressEvent("llm", r, f"n{r // 2}", 100.0 + s * STEP + r * 0.001, ProgressKind.STEP, s, step_time=STEP)
+           for s in range(1, steps + 1) for r in range(WORLD)]
+    suite.observe_digest(evs, [], evs[-1].ts)
+    return evs[-1].ts
+
+
+def stacks(suite: DetectorSuite, ts: float, texts: dict[int, str], *, stopped: int | None = None) -> None:
+    for r in range(WORLD):
+        suite.add_stack("llm", StackSample(rank=r, node=f"n{r // 2}", pid=100 + r, text=texts.get(r, ALL_REDUCE),
+                                           state="T" if r == stopped else "S"), ts)
+
+
+def first_hang(suite: DetectorSuite, start: float, until: float) -> tuple[float, Finding] | None:
+    t = start
+    while t <= until:
+        for f in suite.evaluate(t):
+            if f.fault_class is FaultClass.HANG and f.rule_id == "hang-detector":
+                return t, f
+        t += 1.0
+    return None
+
+
+def test_a_rank_busy_in_its_data_loader_holds_the_hang_until_the_longer_bound() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    stacks(suite, last + 8.0, {2: LOADER})  # rank 2 fetches a batch, the others wait for it in all_reduce
+    got = first_hang(suite, last + 1.0, last + 200.0)
+    thr = 13.0
+    assert got is not None
+    at, f = got
+    assert 4 * thr <= at - last < 4 * thr + 2.0  # held, then called at the longer bound
+    assert "rank(s) 2 in data loader" in f.fields["held_by_stacks"]
+
+
+def test_a_held_job_that_resumes_raises_nothing() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    stacks(suite, last + 8.0, {r: LOADER for r in range(WORLD)})
+    assert first_hang(suite, last + 1.0, last + 30.0) is None
+    resume = [ProgressEvent("llm", r, f"n{r // 2}", last + 31.0, ProgressKind.STEP, 31, step_time=STEP)
+              for r in range(WORLD)]
+    suite.observe_digest(resume, [], last + 31.0)
+    assert first_hang(suite, last + 31.0, last + 40.0) is None
+
+
+@pytest.mark.parametrize(("texts", "stopped"), [
+    ({2: SLEEP}, None),        # rank 2 stuck in its own code while the others wait for it
+    ({}, None),                # every rank in all_reduce: no one left to finish it
+    ({2: LOADER}, 2),          # the loader's rank is stopped (SIGSTOP): it runs no code at all
+])
+def test_stacks_that_show_a_stuck_rank_confirm_at_the_threshold(texts: dict[int, str], stopped: int | None) -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    stacks(suite, last + 8.0, texts, stopped=stopped)
+    got = first_hang(suite, last + 1.0, last + 60.0)
+    assert got is not None and got[0] - last <= 15.0
+    assert "held_by_stacks" not in got[1].fields
+
+
+def test_a_missing_rank_or_stacks_from_before_the_silence_change_nothing() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    for r in range(WORLD - 1):  # rank 3's node never answered
+        suite.add_stack("llm", StackSample(rank=r, node="n0", pid=r, text=LOADER), last + 8.0)
+    got = first_hang(suite, last + 1.0, last + 60.0)
+    assert got is not None and got[0] - last <= 15.0
+    suite = DetectorSuite()
+    stacks(suite, 50.0, {r: LOADER for r in range(WORLD)})  # taken in an earlier silence
+    last = job_until(suite)
+    got = first_hang(suite, last + 1.0, last + 60.0)
+    assert got is not None and got[0] - last <= 15.0
+
+
+def test_newer_stacks_that_show_a_stuck_rank_twice_end_the_hold_at_once() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    stacks(suite, last + 8.0, {2: LOADER})
+    assert first_hang(suite, last + 1.0, last + 20.0) is None
+    stacks(suite, last + 20.5, {2: SLEEP})  # rank 2 moved since the last look: it still runs
+    assert first_hang(suite, last + 21.0, last + 26.0) is None
+    stacks(suite, last + 26.5, {2: SLEEP})  # and now it stays where it was
+    got = first_hang(suite, last + 27.0, last + 60.0)
+    assert got is not None and got[0] - last == pytest.approx(27.0, abs=1.01)
+    assert got[1].fields["held_by_stacks"] == "rank(s) 2 moved between two looks"
+
+
+def test_a_second_look_that_moved_holds_what_one_look_would_confirm() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    stacks(suite, last + 8.0, {})  # every rank in all_reduce ...
+    stacks(suite, last + 11.0, {r: FORWARD for r in range(WORLD)})  # ... then in forward: the job runs
+    assert first_hang(suite, last + 1.0, last + 40.0) is None
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    (LOADER, "data loader"), (SAVING, "checkpoint"), (DCP, "checkpoint"), (ALL_REDUCE, "collective"),
+    (SLEEP, "code"), (FORWARD, "code"),
+])
+def test_the_frame_table_places_a_main_thread(text: str, where: str) -> None:
+    assert place(main_frames(text)) == where
+
+
+def test_every_rank_in_its_own_code_is_no_collective_hang() -> None:
+    samples = {r: StackSample(rank=r, node="n", pid=r, text=FORWARD) for r in range(2)}
+    assert exoneration(samples, 2) == "no rank waits in a collective: rank(s) 0,1 in code"
+
+
+# Real processes: a DataLoader whose worker is slow, and a gloo all_reduce that rank 1 never joins.
+LOADER_JOB = textwrap.dedent('''
+    import time, torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 4
+        def __getitem__(self, i):
+            time.sleep(600)  # a worker reading a slow shard
+            return torch.zeros(2)
+
+    if __name__ == "__main__":
+        it = iter(DataLoader(Slow(), batch_size=1, num_workers=1))
+        print("ready", flush=True)
+        next(it)
+''')
+GLOO_JOB = textwrap.dedent('''
+    import os, sys, time, torch, torch.distributed as dist
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=rank, world_size=2)
+    print("ready", flush=True)
+    if rank == 0:
+        dist.all_reduce(torch.ones(4))
+    else:
+        time.sleep(600)
+''')
+
+
+def _start(code: str, *args: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def _dump_when(pid: int, want: str, deadline_s: float = 60.0) -> str:
+    """py-spy's dump of `pid` once its main thread is in `want` (it gets there after start-up)."""
+    from kmend.commands.agent import _py_spy
+    binary = _py_spy("py-spy")
+    if binary is None or os.geteuid() != 0:
+        pytest.skip("py-spy must be installed and run as root (ptrace)")
+    from collector.stacks import PySpyDumper
+    end = time.monotonic() + deadline_s
+    while True:
+        text = PySpyDumper(binary).dump(pid)
+        if place(main_frames(text)) == want or time.monotonic() > end:
+            return text
+        time.sleep(0.2)
+
+
+def test_real_py_spy_stacks_tell_a_data_loader_wait_from_a_gloo_all_reduce_wait(
+        spawned: list[subprocess.Popen[str]]) -> None:
+    pytest.importorskip("torch")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    spawned.append(_start(LOADER_JOB))
+    r0 = subprocess.Popen([sys.executable, "-c", GLOO_JOB, "0", port], stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    spawned.append(r0)
+    spawned.append(_start(GLOO_JOB, "1", port))
+    assert r0.stdout is not None and r0.stdout.readline().strip() == "ready"
+    loader = _dump_when(spawned[0].pid, "data loader")
+    waiting = _dump_when(r0.pid, "collective")
+    sleeping = _dump_when(spawned[2].pid, "code", 5.0)
+    assert place(main_frames(loader)) == "data loader", loader
+    assert place(main_frames(waiting)) == "collective", waiting
+    assert place(main_frames(sleeping)) == "code", sleeping
+    # Rank 0 waits for rank 1, which is in its loader: slow; in its own code (a sleep): the hang's culprit.
+    def two(text1: str) -> dict[int, StackSample]:
+        return {0: StackSample(0, "n", r0.pid, waiting), 1: StackSample(1, "n", 1, text1)}
+    assert exoneration(two(loader), 2) is not None
+    assert exoneration(two(sleeping), 2) is None
