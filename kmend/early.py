@@ -128,6 +128,26 @@ class Early:
     """Its running thread."""
 
 
+def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callable[[], bool],
+                        metrics: Metrics) -> GangScheduler:
+    """The gang scheduler on a real cluster's pod and PodGroup watches, acting while `is_leader()`."""
+    from healer.gang.config import SchedulerConfig
+    from healer.gang.metrics import SchedulerMetrics
+    from healer.gang.scheduler import GangScheduler
+    from healer.kube.cluster import KubeCluster
+    from healer.kube.pods import KubePodScheduling
+
+    if not isinstance(cluster, KubeCluster):
+        raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")
+    kube = KubePodScheduling(cluster.api, clock=time.time)
+    scheduler = GangScheduler(port=kube, is_leader=is_leader, clock=time.time,
+                              config=SchedulerConfig(scheduler_name=settings.scheduler_name),
+                              metrics=SchedulerMetrics(metrics.registry))
+    kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
+    kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
+    return scheduler
+
+
 def start_early(settings: Settings) -> Early | None:
     """On a real cluster: its ports, the Lease taken, and the gang scheduler running; None on the simulated one.
 
@@ -136,11 +156,6 @@ def start_early(settings: Settings) -> Early | None:
     choice, settings = cluster_choice(settings)
     if choice != "kube":
         return None
-    from healer.gang.config import SchedulerConfig
-    from healer.gang.metrics import SchedulerMetrics
-    from healer.gang.scheduler import GangScheduler
-    from healer.kube.cluster import KubeCluster
-    from healer.kube.pods import KubePodScheduling
     from kmend.metrics import Metrics
 
     started: list[tuple[LeaderElector | AlwaysLeader, Metrics, GangScheduler | None, SchedulerLoop | None]] = []
@@ -151,13 +166,7 @@ def start_early(settings: Settings) -> Early | None:
         if settings.scheduler is False:
             started.append((leader, metrics, None, None))
             return
-        assert isinstance(cluster, KubeCluster)
-        kube = KubePodScheduling(cluster.api, clock=time.time)
-        scheduler = GangScheduler(port=kube, is_leader=leader.is_leader, clock=time.time,
-                                  config=SchedulerConfig(scheduler_name=settings.scheduler_name),
-                                  metrics=SchedulerMetrics(metrics.registry))
-        kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
-        kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
+        scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics)
         loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
 
         def lead_then_schedule() -> None:

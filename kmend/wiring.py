@@ -24,7 +24,7 @@ from healer.notify import AlertmanagerNotifier, FanOut, LogNotifier, Notifier, W
 from healer.policy import PolicyConfig
 from healer.policy_file import load_policy
 from healer.workloads import Workloads
-from kmend.early import Early, Ports, cluster_choice, kube_ports, make_leader
+from kmend.early import Early, Ports, cluster_choice, kube_gang_scheduler, kube_ports, make_leader
 from kmend.healing import Leader
 from kmend.metrics import Metrics
 from kmend.service import HealerConfig, Kmend
@@ -81,18 +81,7 @@ def make_scheduler(settings: Settings, cluster: Cluster, leader: Leader, metrics
     if not enabled:
         return None
     if port is None:
-        from healer.kube.cluster import KubeCluster
-        from healer.kube.pods import KubePodScheduling
-
-        if not isinstance(cluster, KubeCluster):
-            raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")
-        kube = KubePodScheduling(cluster.api, clock=time.time)
-        scheduler = GangScheduler(port=kube, is_leader=leader.is_leader, clock=time.time,
-                                  config=SchedulerConfig(scheduler_name=settings.scheduler_name),
-                                  metrics=SchedulerMetrics(metrics.registry))
-        kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
-        kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
-        return scheduler
+        return kube_gang_scheduler(settings, cluster, leader.is_leader, metrics)
     return GangScheduler(port=port, is_leader=leader.is_leader, clock=time.time,
                          config=SchedulerConfig(scheduler_name=settings.scheduler_name),
                          metrics=SchedulerMetrics(metrics.registry))

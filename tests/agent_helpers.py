@@ -8,11 +8,13 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from sqlalchemy import text
 
 from collector.signal import Signal
+from collector.spool import DiskSpool
 from healer.notify import LogNotifier
 from kmend.app import create_app
 from kmend.settings import Settings
@@ -109,3 +111,13 @@ class Service:
                                 {"s": source})
             return [{"id": r[0], "node": r[1], "body": json.loads(r[2]) if isinstance(r[2], str) else r[2]}
                     for r in rows]
+
+
+def spooled(state: Path) -> list[dict[str, Any]]:
+    """Every signal an agent with state directory `state` has spooled, in order (the spool is emptied)."""
+    spool = DiskSpool(state / "spool")
+    out: list[dict[str, Any]] = []
+    while (batch := spool.peek()) is not None:
+        out.extend(json.loads(gzip.decompress(spool.read(batch)))["signals"])
+        spool.pop(batch)
+    return out

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +10,8 @@ import yaml
 from analyzer.progress_rules import default_progress_rules_dir
 from collector.agent import Agent
 from collector.progress_hook import ProgressReporter
-from collector.spool import DiskSpool
 from kmend.commands.agent import AgentSettings, build_agent, build_prefilter
-from tests.agent_helpers import CriWriter
+from tests.agent_helpers import CriWriter, spooled
 from tests.conftest import free_port
 
 MEGATRON = (" iteration      122/  250000 | consumed samples:       124928 | elapsed time per iteration (ms): 86545.2 |"
@@ -39,14 +36,6 @@ def _pass(agent: Agent) -> None:
     agent.flush()
 
 
-def _spooled(state: Path) -> list[dict[str, Any]]:
-    spool = DiskSpool(state / "spool")
-    out: list[dict[str, Any]] = []
-    while (batch := spool.peek()) is not None:
-        out.extend(json.loads(gzip.decompress(spool.read(batch)))["signals"])
-        spool.pop(batch)
-    return out
-
 
 def test_agent_ships_report_step_files_and_resumes_after_restart(tmp_path: Path) -> None:
     progress = tmp_path / "progress"
@@ -57,7 +46,7 @@ def test_agent_ships_report_step_files_and_resumes_after_restart(tmp_path: Path)
     agent = build_agent(settings)
     assert "progress" in [s.name for s in agent.sources]
     _pass(agent)
-    first = _spooled(settings.state_dir)
+    first = spooled(settings.state_dir)
     assert [(s["source"], s["payload"]["rank"], s["payload"]["step"]) for s in first] == [
         ("progress", 3, 1), ("progress", 3, 2)]
 
@@ -65,7 +54,7 @@ def test_agent_ships_report_step_files_and_resumes_after_restart(tmp_path: Path)
     rep.report_step(3, 0.5, ts=1_700_000_001.0)
     rep.close()
     _pass(build_agent(settings))
-    again = _spooled(settings.state_dir)
+    again = spooled(settings.state_dir)
     assert [s["payload"]["step"] for s in again] == [3]
     assert {s["id"] for s in again}.isdisjoint({s["id"] for s in first})
 
@@ -77,10 +66,10 @@ def test_progress_dir_from_environment_and_absent_until_the_first_pod_writes(tmp
     assert settings.progress_dir == tmp_path / "later"
     agent = build_agent(settings)
     agent.run_once()  # the directory does not exist yet: nothing, and no error
-    assert _spooled(settings.state_dir) == []
+    assert spooled(settings.state_dir) == []
     ProgressReporter(tmp_path / "later", "j", 0).report_step(1, 0.1, ts=1_700_000_000.0)
     _pass(agent)
-    assert [s["payload"]["step"] for s in _spooled(settings.state_dir)] == [1]
+    assert [s["payload"]["step"] for s in spooled(settings.state_dir)] == [1]
 
 
 def test_trainer_step_lines_survive_the_prefilter_and_noise_does_not(tmp_path: Path) -> None:
@@ -92,7 +81,7 @@ def test_trainer_step_lines_survive_the_prefilter_and_noise_does_not(tmp_path: P
         w.line(line)
     settings = _settings(tmp_path)
     _pass(build_agent(settings))
-    texts = [s["payload"]["text"] for s in _spooled(settings.state_dir)]
+    texts = [s["payload"]["text"] for s in spooled(settings.state_dir)]
     assert NOISE not in texts
     assert MEGATRON in texts and HF_TRAINER in texts
     assert len(texts) == 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,11 +17,11 @@ from analyzer.progress_rules import default_progress_rules_dir, load_progress_ru
 from analyzer.records import FaultClass, Finding
 from analyzer.rules import Rule, default_rules_dir, load_rules
 from collector.signal import LogLine, ProgressSample, Signal, Source
-from collector.spool import DiskSpool
 from collector.wire import SignalBatch, SignalIn, to_record, to_wire
 from kmend.api.signal_decode import decode_fast
 from kmend.cli import build_parser
 from kmend.commands.agent import AgentSettings, build_agent
+from tests.agent_helpers import spooled
 from tests.builders import kernel, nccl_timeout
 from tests.conftest import free_port
 from tests.healing import Harness, incident
@@ -67,14 +66,6 @@ def _analyze(signals: list[Signal], until: float) -> list[Finding]:
     return out
 
 
-def _spooled(state: Path) -> list[dict[str, Any]]:
-    spool = DiskSpool(state / "spool")
-    out: list[dict[str, Any]] = []
-    while (batch := spool.peek()) is not None:
-        out.extend(json.loads(gzip.decompress(spool.read(batch)))["signals"])
-        spool.pop(batch)
-    return out
-
 
 def test_a_hang_in_one_namespace_is_found_while_the_same_job_name_runs_on_in_another(tmp_path: Path) -> None:
     _write_pods(tmp_path / "pods", stuck_ns="a", stop_at=40, last=100)
@@ -87,7 +78,7 @@ def test_a_hang_in_one_namespace_is_found_while_the_same_job_name_runs_on_in_ano
     agent.run_once()
     agent.flush()
     agent.flush()
-    wire = _spooled(settings.state_dir)
+    wire = spooled(settings.state_dir)
     assert len(wire) == 2 * 40 + 2 * 100
     signals = [to_record(SignalBatch.model_validate({"signals": [s]}).signals[0]) for s in wire]
     found = [f for f in _analyze(signals, until=T0 + 100) if f.fault_class is FaultClass.HANG]

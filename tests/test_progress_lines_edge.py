@@ -5,8 +5,6 @@ steps before them; with summaries off every line is shipped as before."""
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +15,8 @@ from analyzer.progress_rules import default_progress_rules_dir, load_progress_ru
 from collector.progress_summary import LineStep, SummarisedProgress
 from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Poll
-from collector.spool import DiskSpool
 from kmend.commands.agent import AgentSettings, build_agent, build_line_steps
-from tests.agent_helpers import CriWriter
+from tests.agent_helpers import CriWriter, spooled
 from tests.conftest import free_port
 
 MEGATRON = (" iteration {step:8d}/  250000 | consumed samples:       124928 | elapsed time per iteration (ms): {ms} |"
@@ -119,14 +116,6 @@ def test_lines_the_service_must_read_go_as_lines_after_the_steps_before_them(ste
     assert kinds == [("summary", 249_999), ("line", "3"), ("line", "4"), ("line", "5"), ("line", "6")]
 
 
-def _spooled(state: Path) -> list[dict[str, Any]]:
-    spool = DiskSpool(state / "spool")
-    out: list[dict[str, Any]] = []
-    while (batch := spool.peek()) is not None:
-        out.extend(json.loads(gzip.decompress(spool.read(batch)))["signals"])
-        spool.pop(batch)
-    return out
-
 
 def test_the_agent_ships_summaries_of_its_pods_step_lines_and_every_line_with_summaries_off(tmp_path: Path) -> None:
     for rank in (0, 1):
@@ -139,7 +128,7 @@ def test_the_agent_ships_summaries_of_its_pods_step_lines_and_every_line_with_su
     agent.flush()
     agent.run_once()  # the window closed: its summaries go
     agent.flush()
-    got = _spooled(settings.state_dir)
+    got = spooled(settings.state_dir)
     assert sorted((s["source"], s["payload"]["rank"], s["payload"]["step"], s["payload"].get("samples"))
                   for s in got) == [("progress", 0, 40, 40), ("progress", 1, 40, 40)]
 
@@ -148,7 +137,7 @@ def test_the_agent_ships_summaries_of_its_pods_step_lines_and_every_line_with_su
     plain = build_agent(off)
     plain.run_once()
     plain.flush()
-    assert [s["source"] for s in _spooled(off.state_dir)] == ["container"] * 80
+    assert [s["source"] for s in spooled(off.state_dir)] == ["container"] * 80
 
 
 def test_a_rank_that_exits_has_its_steps_sent_before_its_exit(steps: LineStep) -> None:
