@@ -11,16 +11,12 @@ import pytest
 import yaml
 
 from analyzer.explain import RuleTester
-from analyzer.matcher import FastMatcher
 from analyzer.pipeline import Analyzer
-from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from analyzer.records import FaultClass, Incident
+from analyzer.records import FaultClass
 from analyzer.rules import RuleError, default_rules_dir, load_pack, load_rules
-from collector.bundle import BundleSource
 from collector.signal import LogLine, Signal, Source
-from kmend.bundle_analysis import diagnose_source
 from kmend.commands.agent import AgentSettings, build_prefilter
-from kmend.corpus_eval import bundle_path
+from tests.analyze_helpers import analyze_bundle
 from tests.conftest import free_port
 
 RULES = load_rules([default_rules_dir()])
@@ -53,20 +49,13 @@ FM_FAILED = ("Nov 05 13:55:26 node1 systemd[1]: nvidia-fabricmanager.service: Co
 NO_NVSWITCH = "✔ NVSwitch not detected, skipping fabric manager check"
 
 
-def _analyze(tmp_path: Path, source: str, text: str) -> list[Incident]:
-    path = bundle_path(tmp_path, source)
-    path.parent.mkdir(parents=True)
-    path.write_text(text, encoding="utf-8")
-    return diagnose_source(BundleSource([str(tmp_path)]), RULES, FastMatcher(RULES),
-                           load_progress_rules([default_progress_rules_dir()]))
-
 
 def test_a_requested_kubelet_restart_is_no_incident_in_kmend_analyze(tmp_path: Path) -> None:
-    assert _analyze(tmp_path, "syslog", RESTART) == []
+    assert analyze_bundle(tmp_path, "syslog", RESTART, RULES) == []
 
 
 def test_a_kubelet_crash_loop_still_opens_a_node_incident(tmp_path: Path) -> None:
-    incidents = _analyze(tmp_path, "syslog", CRASH_LOOP)
+    incidents = analyze_bundle(tmp_path, "syslog", CRASH_LOOP, RULES)
     assert [i.fault_class for i in incidents] == [FaultClass.NODE]
     assert incidents[0].root_finding.rule_id == "kubelet-crash-loop"
 

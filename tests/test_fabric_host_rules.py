@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.matcher import FastMatcher
-from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from analyzer.records import Action, FaultClass, Incident
+from analyzer.records import Action, FaultClass
 from analyzer.rules import default_rules_dir, load_rules
-from collector.bundle import BundleSource
-from kmend.bundle_analysis import diagnose_source
-from kmend.corpus_eval import bundle_path
+from tests.analyze_helpers import analyze_bundle
 
 RULES = load_rules([default_rules_dir()])
 
@@ -33,20 +29,13 @@ NCCL INFO Using network Socket
 CREATE_QP = "hai-a100-3:3778851:3779883 [4] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed\n"
 
 
-def _analyze(tmp_path: Path, source: str, text: str) -> list[Incident]:
-    path = bundle_path(tmp_path, source)
-    path.parent.mkdir(parents=True)
-    path.write_text(text, encoding="utf-8")
-    return diagnose_source(BundleSource([str(tmp_path)]), RULES, FastMatcher(RULES),
-                           load_progress_rules([default_progress_rules_dir()]))
-
 
 def test_an_hca_skipped_at_start_up_with_a_socket_fallback_opens_no_incident(tmp_path: Path) -> None:
-    assert _analyze(tmp_path, "container", SOCKET_FALLBACK) == []
+    assert analyze_bundle(tmp_path, "container", SOCKET_FALLBACK, RULES) == []
 
 
 def test_a_verbs_failure_on_the_device_in_use_is_still_a_network_fault(tmp_path: Path) -> None:
-    incidents = _analyze(tmp_path, "container", CREATE_QP)
+    incidents = analyze_bundle(tmp_path, "container", CREATE_QP, RULES)
     assert [i.fault_class for i in incidents] == [FaultClass.NETWORK]
     assert incidents[0].root_finding.rule_id == "ibv-call-failed"
     assert incidents[0].root_finding.fields["call"] == "ibv_create_qp"
@@ -93,7 +82,7 @@ def test_a_verbs_failure_on_the_device_in_use_is_still_a_network_fault(tmp_path:
 ])
 def test_fabric_and_host_failures_name_class_and_call(tmp_path: Path, source: str, text: str, rule: str,
                                                       fault_class: FaultClass, action: Action) -> None:
-    incidents = _analyze(tmp_path, source, text)
+    incidents = analyze_bundle(tmp_path, source, text, RULES)
     assert len(incidents) == 1, incidents
     top = incidents[0]
     assert (top.root_finding.rule_id, top.fault_class, top.recommended_action) == (rule, fault_class, action)
@@ -106,7 +95,7 @@ def test_pytorchs_newer_watchdog_wording_wrapped_by_a_terminal_is_a_collective_t
     text = ("dinov2-giant-nodes.cn-d003.nolog [stderr] [rank3]:[E909 09:55:46.996672294 ProcessGroupNCCL.cpp:1709] "
             "[PG 0 (default_pg) Rank 3] Timeout at NCCL work: 2070, last enqueued \n"
             "NCCL work: 2082, last completed NCCL work: 2069.\n")
-    [incident] = _analyze(tmp_path, "container", text)
+    [incident] = analyze_bundle(tmp_path, "container", text, RULES)
     assert (incident.root_finding.rule_id, incident.fault_class) == ("nccl-work-timeout", FaultClass.NCCL_TIMEOUT)
     assert incident.root_finding.fields["seq"] == "2070"
 
@@ -116,5 +105,5 @@ def test_pytorchs_internal_error_spelling_is_ncclInternalError(tmp_path: Path) -
     line = ("torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/"
             "ProcessGroupNCCL.cpp:3376, internal error - please report this issue to the NCCL developers, "
             "NCCL version 2.25.1\n")
-    incidents = _analyze(tmp_path, "container", line)
+    incidents = analyze_bundle(tmp_path, "container", line, RULES)
     assert [i.root_finding.rule_id for i in incidents] == ["nccl-internal-error"]

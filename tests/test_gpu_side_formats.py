@@ -8,13 +8,11 @@ transport prefixes around it are the ones each tool writes."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from kmend.cli import build_parser
+from tests.analyze_helpers import analyze_cli
 
 # Kernel messages: (message, rule, fault class, recommended action). Each asks for the GPU to be reset.
 KERNEL = {
@@ -69,14 +67,6 @@ def cri(message: str, split: bool) -> str:
     return f"{stamp} P {message[:cut]}\n{stamp} F {message[cut:]}\n"
 
 
-def analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> list[Any]:
-    path = tmp_path / "node.log"
-    path.write_text(text)
-    args = build_parser().parse_args(["analyze", str(path), "--format", "json"])
-    assert args.func(args) in (0, 3, 4)  # the exit code says what was found (tests/test_analyze.py)
-    incidents: list[Any] = json.loads(capsys.readouterr().out)["incidents"]
-    return incidents
-
 
 @pytest.mark.parametrize("fmt", list(KERNEL_FORMATS))
 @pytest.mark.parametrize("case", list(KERNEL))
@@ -84,7 +74,7 @@ def test_a_gpu_fault_without_an_xid_is_one_finding_in_every_kernel_log_format(
     case: str, fmt: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     message, rule, fault_class, action = KERNEL[case]
-    [incident] = analyze(tmp_path, capsys, KERNEL_FORMATS[fmt].format(m=message))
+    [incident] = analyze_cli(tmp_path, capsys, KERNEL_FORMATS[fmt].format(m=message))
     [finding] = incident["findings"]
     assert (finding["rule_id"], incident["fault_class"], incident["recommended_action"]) == (rule, fault_class, action)
     assert finding["message"].startswith("NVRM: "), "the transport prefix is stripped before the rule sees it"
@@ -96,7 +86,7 @@ def test_a_cuda_error_spelling_is_one_finding_with_its_call_in_container_logs(
     case: str, split: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     message, rule, fault_class, hardware = CONTAINER[case]
-    [incident] = analyze(tmp_path, capsys, cri(message, split))
+    [incident] = analyze_cli(tmp_path, capsys, cri(message, split))
     assert [f["rule_id"] for f in incident["findings"]] == [rule]
     assert incident["fault_class"] == fault_class
     if hardware is not None:
@@ -111,9 +101,9 @@ def test_a_display_watchdog_listing_is_not_a_launch_timeout(tmp_path: Path,
     listing = ("Found 1 CUDA devices\n"
                "id 0         b'Quadro T1000'                              [SUPPORTED]\n"
                "                                    Watchdog: Enabled\n")
-    assert analyze(tmp_path, capsys, listing) == []
+    assert analyze_cli(tmp_path, capsys, listing) == []
     # https://github.com/numba/numba/issues/4351: the timeout itself is the application's kernel.
-    [incident] = analyze(tmp_path, capsys, cri(
+    [incident] = analyze_cli(tmp_path, capsys, cri(
         "numba.cuda.cudadrv.driver.CudaAPIError: [702] Call to cuMemcpyDtoH results in CUDA_ERROR_LAUNCH_TIMEOUT",
         split=False))
     assert (incident["fault_class"], incident["recommended_action"]) == ("app_error", "fix_application")

@@ -6,13 +6,11 @@ The messages are quoted from public threads (URL next to each); the prefixes are
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from kmend.cli import build_parser
+from tests.analyze_helpers import analyze_cli
 
 # (rule, the fields it must extract, the message as the kernel printed it)
 MESSAGES: dict[str, tuple[str, dict[str, str], str]] = {
@@ -41,15 +39,6 @@ PREFIXES: dict[str, tuple[str, str | None, float | None]] = {
 }
 
 
-def _analyze(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> list[Any]:
-    path = tmp_path / "node.log"
-    path.write_text(text)
-    args = build_parser().parse_args(["analyze", str(path), "--format", "json"])
-    assert args.func(args) in (0, 3, 4)
-    incidents: list[Any] = json.loads(capsys.readouterr().out)["incidents"]
-    return incidents
-
-
 @pytest.mark.parametrize("fmt", list(PREFIXES))
 @pytest.mark.parametrize("what", list(MESSAGES))
 def test_a_host_fault_line_is_one_finding_in_every_kernel_format(
@@ -57,7 +46,7 @@ def test_a_host_fault_line_is_one_finding_in_every_kernel_format(
 ) -> None:
     rule, fields, message = MESSAGES[what]
     prefix, node, ts = PREFIXES[fmt]
-    [incident] = _analyze(tmp_path, capsys, prefix + message + "\n")
+    [incident] = analyze_cli(tmp_path, capsys, prefix + message + "\n")
     [finding] = incident["findings"]
     assert finding["rule_id"] == rule
     assert {k: finding["fields"][k] for k in fields} == fields
