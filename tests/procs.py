@@ -92,6 +92,27 @@ def start_serve(tmp_path: Path, name: str, env: Mapping[str, str]) -> Served:
     return Served(name, proc, port, log)
 
 
+def replica_env(base: Mapping[str, str], database_url: str) -> dict[str, str]:
+    """`base` for replicas sharing one PostgreSQL, with a short Lease so a takeover fits in a test."""
+    return {**base, "KMEND_DATABASE_URL": database_url, "KMEND_REPLICATED": "true", "KMEND_LEASE_DURATION_S": "4"}
+
+
+def start_replicas(tmp_path: Path, env: Mapping[str, str], procs: dict[str, Served],
+                   names: Iterable[str] = ("r1", "r2")) -> None:
+    """Start one `kmend serve` per name (its identity) into `procs` and wait until each is ready; the caller
+    stops them (`stop_all`), also when one fails to start."""
+    for name in names:
+        procs[name] = start_serve(tmp_path, name, {**env, "KMEND_IDENTITY": name})
+    for served in procs.values():
+        served.wait_ready()
+
+
+def lease_holder(api: Any, lease: tuple[str, str] = ("kmend-system", "kmend-healer")) -> str:
+    """Who holds the healer's Lease on a loopback API server ('' when nobody)."""
+    got = api.leases.get(lease)
+    return str(got["spec"].get("holderIdentity") or "") if got else ""
+
+
 def stop_all(served: Iterable[Served]) -> None:
     """Stop every child still running."""
     for s in served:

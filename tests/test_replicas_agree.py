@@ -12,21 +12,16 @@ import httpx
 import pytest
 
 from tests.fake_apiserver import FakeApiServer, RoleRules
-from tests.procs import Served, kube_serve_env, logs, start_serve, stop_all
+from tests.procs import Served, kube_serve_env, lease_holder, logs, replica_env, start_replicas, stop_all
 from tests.test_kube_serve_e2e import MANIFEST, SA_TOKEN, TOKENS, _until, _world
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(300)]
 
-LEASE = ("kmend-system", "kmend-healer")
 INGEST = {"authorization": "Bearer ingest-t"}
 OP = {"authorization": "Bearer op-t"}
 NODE = "gpu-5"
 GPU = {"gpu": "3", "UUID": "GPU-3f809e614-a528-4083-acbf-334600000000", "pci_bus_id": "00000000:5D:00.0"}
 
-
-def _holder(api: FakeApiServer) -> str:
-    lease = api.leases.get(LEASE)
-    return str(lease["spec"].get("holderIdentity") or "") if lease else ""
 
 
 def _batch(seq: int, t: float, remapped: float, throttle: float) -> dict[str, Any]:
@@ -41,15 +36,11 @@ def test_alternating_metric_batches_and_a_followers_node_view(tmp_path: Path, fr
     rbac = RoleRules.from_manifest(MANIFEST, "kmend", token=SA_TOKEN, user="system:serviceaccount:kmend-system:kmend")
     with FakeApiServer(rbac=rbac) as api:
         _world(api)
-        base = {**TOKENS, **kube_serve_env(tmp_path, api.url, SA_TOKEN), "KMEND_DATABASE_URL": fresh_postgres_url,
-                "KMEND_REPLICATED": "true", "KMEND_LEASE_DURATION_S": "4"}
+        base = replica_env({**TOKENS, **kube_serve_env(tmp_path, api.url, SA_TOKEN)}, fresh_postgres_url)
         procs: dict[str, Served] = {}
         try:
-            for name in ("r1", "r2"):
-                procs[name] = start_serve(tmp_path, name, {**base, "KMEND_IDENTITY": name})
-            for served in procs.values():
-                served.wait_ready()
-            leader = _until("a replica to hold the Lease", lambda: _holder(api))
+            start_replicas(tmp_path, base, procs)
+            leader = _until("a replica to hold the Lease", lambda: lease_holder(api))
             follower = procs["r2" if leader == "r1" else "r1"]
             nodes = httpx.get(f"{follower.url}/v1/nodes", headers=OP, timeout=10).json()["nodes"]
             assert nodes[NODE]["state"] == "spare", nodes[NODE]

@@ -17,19 +17,14 @@ import pytest
 from collector.wire import to_wire
 from tests.builders import XID79, container, kernel, nccl_timeout
 from tests.fake_apiserver import FakeApiServer, RoleRules
-from tests.procs import Served, kube_serve_env, logs, start_serve, stop_all
+from tests.procs import Served, kube_serve_env, lease_holder, logs, replica_env, start_replicas, stop_all
 from tests.test_kube_serve_e2e import MANIFEST, NS, SA_TOKEN, TOKENS, Controllers, _until, _world
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(420)]
 
-LEASE = ("kmend-system", "kmend-healer")
 INGEST = {"authorization": "Bearer ingest-t"}
 OP = {"authorization": "Bearer op-t"}
 
-
-def _holder(api: FakeApiServer) -> str:
-    lease = api.leases.get(LEASE)
-    return str(lease["spec"].get("holderIdentity") or "") if lease else ""
 
 
 def _plans(url: str) -> list[dict[str, Any]]:
@@ -41,15 +36,11 @@ def test_two_replicas_one_incident_one_plan_and_a_takeover(tmp_path: Path, fresh
     with FakeApiServer(rbac=rbac) as api:
         _world(api)
         ctl = Controllers(api)
-        base = {**TOKENS, **kube_serve_env(tmp_path, api.url, SA_TOKEN), "KMEND_DATABASE_URL": fresh_postgres_url,
-                "KMEND_REPLICATED": "true", "KMEND_LEASE_DURATION_S": "4"}
+        base = replica_env({**TOKENS, **kube_serve_env(tmp_path, api.url, SA_TOKEN)}, fresh_postgres_url)
         procs: dict[str, Served] = {}
         try:
-            for name in ("r1", "r2"):
-                procs[name] = start_serve(tmp_path, name, {**base, "KMEND_IDENTITY": name})
-            for served in procs.values():
-                served.wait_ready()
-            leader = _until("a replica to hold the Lease", lambda: _holder(api))
+            start_replicas(tmp_path, base, procs)
+            leader = _until("a replica to hold the Lease", lambda: lease_holder(api))
             follower = "r2" if leader == "r1" else "r1"
             lurl, furl = procs[leader].url, procs[follower].url
 
@@ -79,7 +70,7 @@ def test_two_replicas_one_incident_one_plan_and_a_takeover(tmp_path: Path, fresh
             killed_at = time.monotonic()
             procs[leader].proc.send_signal(signal.SIGKILL)
             procs[leader].proc.wait(timeout=10)
-            _until("the follower to take the Lease", lambda: _holder(api) == follower, timeout=60)
+            _until("the follower to take the Lease", lambda: lease_holder(api) == follower, timeout=60)
             takeover_s = time.monotonic() - killed_at
             print(f"takeover: the Lease moved {takeover_s:.1f} s after the leader was killed (duration 4 s)")
             final = _until("the plan to finish", lambda: (p := _plans(furl)) and p[0]["state"] in
