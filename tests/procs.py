@@ -124,15 +124,20 @@ def logs(served: Iterable[Served]) -> str:
     return "\n".join(f"--- {s.name}\n{s.tail()}" for s in served)
 
 
+def write_kubeconfig(path: Path, server: str, token: str = "t") -> Path:
+    """A kubeconfig at `path` for `server` (plain HTTP on loopback) with a bearer token."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "kmend", "user": {"token": token}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "kmend"}}]}))
+    return path
+
+
 def kube_serve_env(tmp_path: Path, api_url: str, token: str, *, drain_grace_s: int = 5) -> dict[str, str]:
     """Settings for `kmend serve --cluster kube` against a loopback API server: a kubeconfig with `token`, the
     default policy with a short drain grace, and fast healer and scheduler loops."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": api_url}}],
-        "users": [{"name": "kmend", "user": {"token": token}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "kmend"}}]}))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api_url, token)
     policy = yaml.safe_load((REPO / "healer" / "policies" / "default.yaml").read_text())
     policy["defaults"]["drain_grace_s"] = drain_grace_s
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))

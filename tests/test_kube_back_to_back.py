@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from collector.wire import to_wire
 from tests.builders import XID79, kernel
 from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer
-from tests.procs import wait_ready
+from tests.procs import wait_ready, write_kubeconfig
 
 SLOW_S = 0.5
 """How long the server takes for each of the first node's writes after its cordon."""
@@ -74,12 +73,7 @@ def test_a_second_fault_is_cordoned_while_the_first_plans_later_writes_are_still
             return code, answer
 
         api.handle = timed  # type: ignore[method-assign]
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "f",
-            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
-            "users": [{"name": "k", "user": {"token": "t"}}],
-            "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
         port = free_port()
         env = {**os.environ, "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig), "KMEND_PORT": str(port),
                "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}", "KMEND_INGEST_TOKEN": "i",

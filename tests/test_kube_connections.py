@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from healer.gang.config import SchedulerConfig
@@ -22,6 +21,7 @@ from healer.gang.port import ObjectRef
 from healer.kube.cluster import KubeCluster
 from healer.kube.pods import KubePodScheduling
 from tests.fake_apiserver import FakeApiServer
+from tests.procs import write_kubeconfig
 
 
 @pytest.fixture
@@ -69,12 +69,7 @@ def test_binds_from_eight_workers_stay_on_eight_connections_on_a_one_cpu_host(
         server.add_pod("t", f"p-{i}", scheduler="kmend")
     # The client sizes its pool by the CPUs it sees: a pod limited to one CPU would get five connections.
     monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 1)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "f",
-        "clusters": [{"name": "f", "cluster": {"server": server.url}}],
-        "users": [{"name": "k", "user": {"token": "t"}}],
-        "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
     api_client = KubeCluster.from_config(str(kubeconfig)).api
     assert api_client.configuration.connection_pool_maxsize >= SchedulerConfig().bind_workers + 2
     port = KubePodScheduling(api_client, clock=time.time)

@@ -12,12 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-
 from kmend.store import Store
 from kmend.store.schema import head_revision
 from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer
+from tests.procs import write_kubeconfig
 
 REPO = Path(__file__).resolve().parent.parent
 COSCHEDULING = ("scheduling.x-k8s.io", "v1alpha1")
@@ -98,12 +97,7 @@ def test_a_gang_waiting_at_start_is_bound_before_the_service_is_built(tmp_path: 
         for i in range(4):
             api.add_pod("t", f"g-{i}", scheduler="kmend", requests={"nvidia.com/gpu": "8"},
                         labels={"scheduling.x-k8s.io/pod-group": "g"})
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "f",
-            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
-            "users": [{"name": "k", "user": {"token": "t"}}],
-            "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
         listener, done = _silent_database()
         port = listener.getsockname()[1]
         env = {**os.environ, "PYTHONPATH": str(REPO), "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig),
@@ -140,12 +134,7 @@ def test_the_lease_taken_before_the_store_exists_is_recorded_once_it_does(tmp_pa
     from kmend.wiring import make_kmend
 
     with FakeApiServer() as api:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "f",
-            "clusters": [{"name": "f", "cluster": {"server": api.url}}],
-            "users": [{"name": "k", "user": {"token": "t"}}],
-            "contexts": [{"name": "f", "context": {"cluster": "f", "user": "k"}}]}))
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
         settings = Settings(cluster="kube", kubeconfig=str(kubeconfig), identity="kmend-a",
                             database_url=f"sqlite:///{tmp_path / 'k.db'}")
         early = start_early(settings)
