@@ -119,4 +119,6 @@ def test_an_all_stalled_ddp_hang_is_named_by_py_spy_stacks_then_by_the_ranks_glo
         assert "timeout-witnesses" not in rules
     assert inc["root_cause"]["rank"] == 2
     answered = client.get("/v1/nodes/gpu-node-01/requests", params={"all": True}).json()["requests"]
-    assert [r["state"] for r in answered if r["kind"] == "stack_dump"] == ["done"]
+    # A first look at half the threshold and at most a second before it (a running job's stacks would have
+    # moved): each answered once, none repeated while the hang stood.
+    assert [r["state"] for r in answered if r["kind"] == "stack_dump"] in (["done"], ["done", "done"]), answered
