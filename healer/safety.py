@@ -154,6 +154,11 @@ class Guard:
             self._census = (now, gpu_nodes(self.nodes()))
         return self._census[1], out
 
+    def budget_spent(self, now: float, *, exclude_plan: str = "") -> int | None:
+        """The plans that took capacity or work away in the last hour when they fill the hourly budget, else None."""
+        n = self.ledger.plans_started_since(now - 3600, exclude_plan=exclude_plan)
+        return n if n >= self.safety.max_plans_per_hour else None
+
     def check(self, plan: Plan, step: ActionStep) -> Verdict:
         """Whether `step` of `plan` may run now."""
         now = self.clock()
@@ -162,8 +167,8 @@ class Guard:
         # is counted (and held) from its first such step, whatever it told people before.
         if step.kind in DISRUPTIVE_STEPS and step.node and not has_disrupted(plan.steps) \
                 and not plan.policy.startswith(UNLIMITED_PREFIXES):
-            n = self.ledger.plans_started_since(now - 3600, exclude_plan=plan.id)
-            if n >= s.max_plans_per_hour:
+            n = self.budget_spent(now, exclude_plan=plan.id)
+            if n is not None:
                 return Verdict(VerdictKind.WAIT, f"rate limit: {n} plans acted in the last hour "
                                                  f"(max {s.max_plans_per_hour}); retried later")
         if step.kind is StepKind.CORDON and not plan.policy.startswith(OPERATOR_POLICY_PREFIX):

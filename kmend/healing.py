@@ -111,7 +111,7 @@ class Healing:
         self.resync_s = resync_s
         """How often the runnable ids are read again from the journal (a plan another replica's API saved)."""
         self._synced_at = float("-inf")
-        self.held = RateHeld(store, policy.safety.max_plans_per_hour)
+        self.held = RateHeld(store, self.guard)
         self.background = Background(self.executor, self._announce, stop_before=AFTER_QUARANTINE, parallel=parallel)
         """New plans' quarantines after their cordons (detached rounds); resumed once harvested from it."""
 

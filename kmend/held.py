@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from healer.records import Plan, PlanState, StepState, has_disrupted
-from healer.safety import UNLIMITED_PREFIXES
+from healer.safety import UNLIMITED_PREFIXES, Guard
 from kmend.store import Store
 
 
@@ -14,20 +14,19 @@ def _states(plan: Plan) -> tuple[StepState, ...]:
 
 
 class RateHeld:
-    """Running plans that had not acted and made no progress when last asked, with their steps' states then.
+    """Running plans that had taken nothing away and made no progress when last asked, with their steps' states then.
 
-    Only a plan's first step that acts is held back by the rate limit (``healer.safety.Guard``), and a plan that
-    has not acted has no start time in the journal, so one count of the plans started in the last hour answers
-    for all of them.
+    Only a plan's first step that takes capacity or work away is held back by the rate limit
+    (``healer.safety.Guard``), so the guard's one count of such plans in the last hour answers for all of them.
     """
 
-    def __init__(self, store: Store, max_per_hour: int) -> None:
+    def __init__(self, store: Store, guard: Guard) -> None:
         self.store = store
-        self.max_per_hour = max_per_hour
+        self.guard = guard
         self._held: dict[str, tuple[StepState, ...]] = {}
 
     def note(self, before: Plan, done: Plan) -> None:
-        """After a plan was asked: held if it is still running, has not acted and went nowhere."""
+        """After a plan was asked: held if it is still running, has taken nothing away and went nowhere."""
         if done.state is PlanState.RUNNING and done.node and not has_disrupted(done.steps) \
                 and not done.policy.startswith(UNLIMITED_PREFIXES) and _states(done) == _states(before):
             self._held[done.id] = _states(done)
@@ -47,7 +46,6 @@ class RateHeld:
 
     def due(self, due: list[str], now: float) -> list[str]:
         """The due plans to ask: less the held ones while the last hour's budget is spent (one count)."""
-        if not any(pid in self._held for pid in due) \
-                or self.store.ledger.plans_started_since(now - 3600, exclude_plan="") < self.max_per_hour:
+        if not any(pid in self._held for pid in due) or self.guard.budget_spent(now) is None:
             return due
         return [pid for pid in due if pid not in self._held]

@@ -304,13 +304,13 @@ class Kmend:
                 with self._lock:
                     self.detectors.end_job(job, now)
                 continue
+            with self._lock:  # the detectors' state, read while batches change it
+                again = self.detectors.evidence_round(job, now)
+            # A newer look while stacks that showed the ranks busy hold the hang gets its own request.
+            look = f":{again}" if again else ""
             for node in nodes:
                 # The id goes in a URL path (the agent answers POST .../requests/{id}): no "/" from ``namespace/job``.
-                rid = f"stack-dump:{job.replace('/', ':')}:{since:.3f}:{node}"
-                with self._lock:  # the detectors' state, read while batches change it
-                    again = self.detectors.evidence_round(job, now)
-                if again:  # stacks that showed the ranks busy hold the hang: look again
-                    rid += f":{again}"
+                rid = f"stack-dump:{job.replace('/', ':')}:{since:.3f}:{node}{look}"
                 current.add(rid)
                 if rid not in self._evidence_asked:
                     self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
