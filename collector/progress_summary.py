@@ -27,6 +27,14 @@ from typing import Any
 from collector.signal import MAX_ARRIVALS, LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Clock, Poll, SignalSource
 
+STEP_CUT = 16
+"""A rank's window of step lines also closes after a step whose number is a multiple of this: a job stepping every
+50 ms runs 100 steps in a 5 s window, and its slow rank must be named within 30 steps. Cutting on step numbers (not
+counts) closes every rank's windows at the same steps on every node, and rebuilds the same summary ids after a
+restart; a job stepping slower than ``STEP_CUT`` steps a window is cut by time alone. The hook's windows are cut by
+time alone: their summaries carry the window's mean step time and phases, one sample to the detectors however many
+steps it covers."""
+
 LineStep = Callable[[LogLine], ProgressSample | bool]
 """A log line's step as a sample to summarise; True: a progress line the service reads itself; False: no progress."""
 
@@ -55,7 +63,8 @@ class ProgressWindows:
         return len(self._windows)
 
     def add(self, sig: Signal, *, arrival: bool = False) -> list[Signal]:
-        """Take a signal: a step sample joins its rank's window (nothing out); anything else comes out at once,
+        """Take a signal: a step sample joins its rank's window (out: the window's summary when the step closes it,
+        see `STEP_CUT`); anything else comes out at once,
         after its rank's window (an end or exit must follow the steps before it). With `arrival`, the step's
         time is listed in the summary (a step line's: the service compares ranks' arrivals at equal steps)."""
         p = sig.payload
@@ -81,6 +90,8 @@ class ProgressWindows:
             w.phased += p.samples
         for name, sec in p.phases.items():
             w.phases[name] = w.phases.get(name, 0.0) + sec * p.samples
+        if w.arrivals is not None and p.step % STEP_CUT == 0 and p.step > 0:
+            return self._take([key], sig.ts)
         return []
 
     def flush_job(self, node: str, namespace: str, job: str, at: float = 0.0) -> list[Signal]:

@@ -12,7 +12,7 @@ import pytest
 
 from analyzer.progress import ProgressExtractor
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
-from collector.progress_summary import LineStep, SummarisedProgress
+from collector.progress_summary import LineStep, SummarisedProgress, thin
 from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Poll
 from kmend.commands.agent import AgentSettings, build_agent, build_line_steps
@@ -83,21 +83,30 @@ def test_step_lines_leave_as_one_summary_per_rank_that_the_service_reads_as_the_
     assert sorted(by_summary) == sorted(by_line) and len(by_line) == 10
 
 
-def test_a_long_window_lists_steps_every_node_shares(steps: LineStep) -> None:
+def test_a_fast_jobs_windows_close_at_the_same_steps_on_every_node(steps: LineStep) -> None:
     t = 1_700_000_000.0
     listed = []
-    for start in (1, 7):  # two nodes' windows of one fast job, not starting at the same step
+    for start in (1, 7):  # two nodes' windows of one job stepping every 10 ms, not starting at the same step
         src = _Lines()
         summarised = SummarisedProgress(src, 5.0, clock=lambda: 0.0, from_lines=steps)
         src.pending = [_line(s, MEGATRON.format(step=s, ms=10.0), 0, t + s / 100) for s in range(start, start + 500)]
-        summarised.poll()
-        [summary] = summarised.windows.flush()
-        assert isinstance(summary.payload, ProgressSample) and summary.payload.samples == 500
-        got = [a[0] for a in summary.payload.arrivals]
-        assert len(got) <= 64 and got[-1] == start + 499
-        listed.append(set(got[:-1]))
-    shared = listed[0] & listed[1]
-    assert len(shared) >= 50, sorted(shared)  # enough common steps for the arrival lag
+        out = [s.payload for s in [*summarised.poll().signals, *summarised.windows.flush()]]
+        assert all(isinstance(p, ProgressSample) for p in out)
+        ends = [p.step for p in out if isinstance(p, ProgressSample)]
+        # Closed every 16 steps, long before the 5 s window's end: the service hears of each rank within 16 steps.
+        assert ends[:-1] == list(range(16 * (start // 16 + 1), start + 499, 16)) and ends[-1] == start + 499
+        listed.append({a[0] for p in out if isinstance(p, ProgressSample) for a in p.arrivals})
+        assert listed[-1] == set(range(start, start + 500))  # every step, with its time
+    assert len(listed[0] & listed[1]) == 494  # the steps both nodes ran, for the arrival lag
+
+
+def test_a_window_of_repeated_step_numbers_lists_steps_on_a_grid_every_node_shares() -> None:
+    # A window holds more steps than a summary lists only when its lines repeat step numbers (micro-steps
+    # printing their optimizer step): thinned, every node keeps multiples of the same power of two.
+    kept = [thin([(s, float(s), None) for s in range(start, start + 300)]) for start in (1, 7)]
+    assert all(len(k) <= 64 for k in kept)
+    shared = {a[0] for a in kept[0][:-1]} & {a[0] for a in kept[1][:-1]}
+    assert shared == set(range(8, 300, 8)), sorted(shared)
 
 
 def test_lines_the_service_must_read_go_as_lines_after_the_steps_before_them(steps: LineStep) -> None:
@@ -129,8 +138,10 @@ def test_the_agent_ships_summaries_of_its_pods_step_lines_and_every_line_with_su
     agent.run_once()  # the window closed: its summaries go
     agent.flush()
     got = spooled(settings.state_dir)
+    # Windows close every 16 steps and at the window's end: three summaries per rank.
     assert sorted((s["source"], s["payload"]["rank"], s["payload"]["step"], s["payload"].get("samples"))
-                  for s in got) == [("progress", 0, 40, 40), ("progress", 1, 40, 40)]
+                  for s in got) == [("progress", r, step, n) for r in (0, 1)
+                                    for step, n in ((16, 16), (32, 16), (40, 8))]
 
     # Summaries off (progress_summary_s=0): every line, as older agents ship them (the service still reads them).
     off = _settings(tmp_path / "off", progress_summary_s=0, pods_root=tmp_path / "pods")
@@ -148,7 +159,8 @@ def test_a_rank_that_exits_has_its_steps_sent_before_its_exit(steps: LineStep) -
     exits = ExitsAfterSteps(procs, summarised.windows)
     t = 1_700_000_000.0
     lines.pending = [_line(s, MEGATRON.format(step=s, ms=10.0), 0, t + s / 100) for s in range(1, 61)]
-    assert summarised.poll().signals == []  # a fast job: all its steps within one window
+    # A fast job: its windows closed at steps 16, 32 and 48; steps 49-60 are still in the open one.
+    assert [s.payload.step for s in summarised.poll().signals if isinstance(s.payload, ProgressSample)] == [16, 32, 48]
     procs.pending = [Signal("gpu-3/process/llama/0/exit", "gpu-3", Source.CONTAINER, t + 1,
                             ProgressSample("llama", 0, 0, event="exit", namespace="train"))]
     out = exits.poll().signals

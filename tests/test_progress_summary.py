@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -108,8 +109,9 @@ def test_a_summary_crosses_the_wire_through_both_decoders() -> None:
     assert slow == s and to_wire(slow) == to_wire(s)
 
 
-def _through_summaries(batches: list[Batch], every_s: float = 5.0) -> list[Batch]:
-    """What a fleet of summarising agents ships: each window's summaries at its end, through the wire."""
+def _through_summaries(batches: list[Batch], every_s: float = 5.0, *, lines: bool = False) -> list[Batch]:
+    """What a fleet of summarising agents ships: each window's summaries at its end, through the wire (`lines`:
+    the samples are the agent's reading of step lines, listed step by step in their summaries)."""
     w = ProgressWindows()
     out: list[Batch] = []
     due = None
@@ -119,14 +121,17 @@ def _through_summaries(batches: list[Batch], every_s: float = 5.0) -> list[Batch
             out.append((due, [to_record(SignalBatch.model_validate({"signals": [to_wire(s)]}).signals[0])
                               for s in w.flush()]))
             due += every_s * (1 + int((t - due) // every_s))
-        passed = [s for sig in sigs for s in w.add(sig)]
+        if lines:  # a step line tells its step and time, not the hook's phases
+            sigs = [replace(s, payload=replace(s.payload, phases={})) if isinstance(s.payload, ProgressSample) else s
+                    for s in sigs]
+        passed = [s for sig in sigs for s in w.add(sig, arrival=lines)]
         if passed:
             out.append((t, passed))
     out.append((due or 0.0, w.flush()))
     return out
 
 
-def _drive(suite: DetectorSuite, batches: list[Batch], until: float) -> list[Finding]:
+def _drive(suite: DetectorSuite, batches: list[Batch], until: float, tick_s: float = 1.0) -> list[Finding]:
     found: list[Finding] = []
     batches = sorted(batches, key=lambda b: b[0])
     t, i = batches[0][0], 0
@@ -135,7 +140,7 @@ def _drive(suite: DetectorSuite, batches: list[Batch], until: float) -> list[Fin
             suite.observe(batches[i][1])
             i += 1
         found.extend(suite.evaluate(t))
-        t += 1.0
+        t += tick_s
     return found
 
 
@@ -169,3 +174,21 @@ def test_a_ten_percent_slow_rank_among_256_is_found_through_summaries_as_soon_as
     assert f.fault_class is FaultClass.STRAGGLER and (f.where.rank, f.where.node) == (77, "j-n009")
     assert 1.07 < float(f.fields["slowdown"]) < 1.13 and f.fields["basis"] == "compute"
     assert int(f.fields["step"]) - 10 <= 50 and not f.hardware
+
+
+def test_a_slow_rank_of_a_fast_job_is_named_within_30_steps_through_the_agents_default_window() -> None:
+    # A lock-stepped job printing a line every 50 ms runs 100 steps in the agent's default 5 s window: a window
+    # closed only by time would tell the service of the slow rank (its lines come late) 100 steps late.
+    from kmend.commands.agent import AgentSettings
+
+    window_s = AgentSettings.model_fields["progress_summary_s"].default
+    job = TraceJob("j", world=16, step_s=0.05, seed=3)
+    # Rank 5's work between two all-reduces takes 0.15 s more (the real-job tests' injected sleep): its lines
+    # come that much after its peers' every step.
+    batches = job.run(10, report_before_sync=True) + job.run(
+        300, straggle=Straggle(rank=5, factor=4.0, from_step=11), report_before_sync=True)
+    found = [f for f in _drive(DetectorSuite(), _through_summaries(batches, window_s, lines=True), until=job.ts + 10,
+                               tick_s=0.05)
+             if f.fault_class is FaultClass.STRAGGLER]
+    assert [f.where.rank for f in found] == [5]
+    assert int(found[0].fields["step"]) - 10 <= 30

@@ -79,6 +79,8 @@ class _Episode:
     streak: int = 0
     calm: int = 0
     open_step: int | None = None
+    at: int = -1
+    """The job's step at the episode's last evaluation."""
 
 
 class StragglerDetector:
@@ -149,7 +151,7 @@ class StragglerDetector:
         for i, r in enumerate(ranks):
             ep = self._ranks.setdefault((name, r), _Episode())
             flagged = bool(candidates[i])
-            if not self._step(ep, flagged, job.max_step):
+            if not self._step(ep, flagged, job.max_step, by_steps=True):
                 continue
             st = job.ranks[r]
             reason = hw.get(st.node)
@@ -208,7 +210,7 @@ class StragglerDetector:
         out = []
         for i, r in enumerate(ranks):
             ep = self._lags.setdefault((name, r), _Episode())
-            if not self._step(ep, bool(excess[i] >= threshold), job.max_step):
+            if not self._step(ep, bool(excess[i] >= threshold), job.max_step, by_steps=True):
                 continue
             st = job.ranks[r]
             slow = period / max(period - excess[i], 1e-3)
@@ -228,10 +230,17 @@ class StragglerDetector:
             ))
         return out
 
-    def _step(self, ep: _Episode, flagged: bool, step: int) -> bool:
-        """Advance an episode; True exactly when it should be reported."""
+    def _step(self, ep: _Episode, flagged: bool, step: int, *, by_steps: bool = False) -> bool:
+        """Advance an episode; True exactly when it should be reported.
+
+        With `by_steps`, the streak counts the job's steps since the episode's last evaluation, not evaluations:
+        an agent's summary brings up to 16 steps at once (``collector.progress_summary.STEP_CUT``), and a rank's
+        window flagged with all of them in it has been slow for those steps, not for one.
+        """
+        n = max(1, step - ep.at) if by_steps and ep.at >= 0 else 1
+        ep.at = step
         if flagged:
-            ep.streak += 1
+            ep.streak += n
             ep.calm = 0
             if ep.open_step is None and ep.streak >= self.config.persistence:
                 ep.open_step = step
@@ -239,7 +248,7 @@ class StragglerDetector:
             return False
         ep.streak = 0
         if ep.open_step is not None:
-            ep.calm += 1
+            ep.calm += n
             if ep.calm >= self.config.persistence:
                 ep.open_step = None  # recovered: a later slowdown is a new episode
         return False
