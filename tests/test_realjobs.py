@@ -4,6 +4,7 @@ written as CRI files, watched by `kmend agent` and `kmend serve` as separate pro
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +168,24 @@ def test_hf_trainer_healthy_run_raises_nothing(kmend: Kmend) -> None:
     # The Trainer's bar printed the run's total and reached it: the job finished, its silence is no hang.
     time.sleep(11.0)
     assert kmend.incidents() == []
+
+
+def test_hf_trainer_rank_with_a_stalled_data_loader_is_slow_not_hung(kmend: Kmend) -> None:
+    # Rank 1's data loader takes 25 s for one batch (storage that stalls, then recovers) while rank 0 waits in
+    # the gradient all-reduce: a silence past the hang threshold (10 s floor here), shorter than the hold.
+    fault = {"KMEND_FAULT": "stall_loader", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "15",
+             "KMEND_FAULT_STALL_S": "25"}
+    job = Job(kmend.pods, "gpt2-stall", "hf_trainer.py", steps=40, world=2, fault=fault)
+    try:
+        assert job.wait(150) == [0, 0], job.output()
+    finally:
+        job.stop()
+    time.sleep(1.5)
+    # The silence was judged: the ranks' stacks were taken, rank 1's in the DataLoader, and held the call.
+    with sqlite3.connect(kmend.db) as conn:
+        asked = conn.execute("SELECT count(*) FROM node_requests WHERE kind = 'stack_dump'").fetchone()[0]
+    assert asked >= 1
+    assert _of(kmend.incidents(), "hang") == []
 
 
 def test_hf_trainer_blocked_rank_is_a_hang(kmend: Kmend) -> None:

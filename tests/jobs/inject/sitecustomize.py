@@ -6,7 +6,9 @@ equals ``KMEND_FAULT_RANK``, after ``KMEND_FAULT_AFTER`` optimizer steps:
 - ``KMEND_FAULT=slow``: sleep ``KMEND_FAULT_SLOW_S`` after every optimizer step (a slow rank);
 - ``KMEND_FAULT=stop``: stop the process with SIGSTOP at its next forward pass (a rank that
   hangs while its peers wait in the gradient all-reduce);
-- ``KMEND_FAULT=crash``: raise at the next optimizer step (an application bug on one rank).
+- ``KMEND_FAULT=crash``: raise at the next optimizer step (an application bug on one rank);
+- ``KMEND_FAULT=stall_loader``: once, after ``KMEND_FAULT_AFTER`` batches, the data loader's fetch of the next
+  batch takes ``KMEND_FAULT_STALL_S`` seconds (storage that stalls, then recovers: a slow job, not a hung one).
 """
 
 from __future__ import annotations
@@ -40,3 +42,17 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
 
     register_optimizer_step_post_hook(_post)
     register_module_forward_pre_hook(_forward)
+
+    if _fault == "stall_loader":
+        from torch.utils.data import dataloader
+
+        _fetch = dataloader._SingleProcessDataLoaderIter._next_data
+        _batches = [0]
+
+        def _slow_fetch(self: object) -> object:
+            _batches[0] += 1
+            if _batches[0] == _after + 1:
+                time.sleep(float(os.environ["KMEND_FAULT_STALL_S"]))
+            return _fetch(self)  # type: ignore[arg-type]
+
+        dataloader._SingleProcessDataLoaderIter._next_data = _slow_fetch  # type: ignore[method-assign]
