@@ -239,3 +239,31 @@ def test_real_py_spy_stacks_tell_a_data_loader_wait_from_a_gloo_all_reduce_wait(
         return {0: StackSample(0, "n", r0.pid, waiting), 1: StackSample(1, "n", 1, text1)}
     assert exoneration(two(loader), 2) is not None
     assert exoneration(two(sleeping), 2) is None
+
+
+def _stack_findings(suite: DetectorSuite, start: float, until: float) -> list[Finding]:
+    out: list[Finding] = []
+    t = start
+    while t <= until and not out:
+        out = [f for f in suite.evaluate(t) if f.rule_id == "stack-dump"]
+        t += 1.0
+    return out
+
+
+def test_ranks_whose_node_sent_no_stack_are_named_when_every_rank_that_did_waits_in_a_collective() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    for r in (0, 1):  # node n1 (ranks 2 and 3) never answers: its agent, or the node, is gone
+        suite.add_stack("llm", StackSample(rank=r, node="n0", pid=100 + r, text=ALL_REDUCE), last + 8.0)
+    [f] = _stack_findings(suite, last + 1.0, last + 60.0)
+    assert (f.where.rank, f.where.node) == (2, "n1")
+    assert f.fields["no_stack"] == "2,3" and f.fields["culprit_rank"] == "2"
+    assert "2,3 on n1 sent no stack" in f.message
+
+
+def test_a_minority_that_answered_names_no_one() -> None:
+    suite = DetectorSuite()
+    last = job_until(suite)
+    suite.add_stack("llm", StackSample(rank=0, node="n0", pid=100, text=ALL_REDUCE), last + 8.0)
+    [f] = _stack_findings(suite, last + 1.0, last + 60.0)
+    assert f.where.rank is None and "culprit_rank" not in f.fields and f.fields["no_stack"] == "1,2,3"

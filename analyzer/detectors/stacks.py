@@ -172,6 +172,7 @@ class StackDetector:
         self._expected: dict[str, int] = {}
         self._taken: dict[str, dict[int, float]] = {}
         self._before: dict[str, dict[int, tuple[StackSample, float]]] = {}
+        self._known: dict[str, dict[int, str]] = {}
 
     def fresh(self, job: str, since: float) -> dict[int, StackSample]:
         """The job's kept stacks that arrived after `since` (taken in the silence that began then)."""
@@ -184,11 +185,15 @@ class StackDetector:
 
     def forget(self, job: str) -> None:
         """Drop the stacks kept for a job that left the book."""
-        for kept in (self._stacks, self._last, self._expected, self._taken, self._before):
+        for kept in (self._stacks, self._last, self._expected, self._taken, self._before, self._known):
             kept.pop(job, None)
 
-    def add(self, job: str, sample: StackSample, ts: float, *, ranks: int = 0) -> None:
-        """Keep one rank's stack (a newer one of the same rank replaces it); `ranks`: how many the job has."""
+    def add(self, job: str, sample: StackSample, ts: float, *, ranks: int = 0,
+            known: Mapping[int, str] | None = None) -> None:
+        """Keep one rank's stack (a newer one of the same rank replaces it); `ranks`: how many the job has;
+        `known`: the job's ranks with the node each last reported from (who should have sent a stack)."""
+        if known:
+            self._known[job] = dict(known)
         kept = self._stacks.setdefault(job, {})
         if sample.rank in kept:
             self._before.setdefault(job, {})[sample.rank] = (kept[sample.rank], self._taken[job][sample.rank])
@@ -200,6 +205,9 @@ class StackDetector:
 
     def evaluate(self, now: float, hung: Callable[[str, float], bool | None]) -> list[Finding]:
         """Findings for jobs whose stacks settled (stopped arriving `settle_s` ago, or all in) and that hang.
+
+        When every rank that sent a stack waits in a collective and the ranks that sent none are at most half
+        of the job, those are named: the rank the others wait for is among them.
 
         Stacks are asked for when a job is only suspected: they become a finding once
         `hung(job, since)` says the stall was called a hang, and are dropped when it says
@@ -218,13 +226,16 @@ class StackDetector:
             self._expected.pop(job, None)
             self._taken.pop(job, None)
             self._before.pop(job, None)
+            known = self._known.pop(job, {})
             last = self._last.pop(job)
             if verdict:
-                out.append(self._finding(job, got, max(now, last)))
+                out.append(self._finding(job, got, max(now, last), known))
         return out
 
-    def _finding(self, job: str, stacks: Mapping[int, StackSample], ts: float) -> Finding:
+    def _finding(self, job: str, stacks: Mapping[int, StackSample], ts: float,
+                 known: Mapping[int, str] | None = None) -> Finding:
         frames = {r: main_frames(s.text) for r, s in stacks.items()}
+        missing = sorted(set(known or {}) - set(stacks))
         waiting = sorted(r for r, fr in frames.items() if in_collective(fr) and not stacks[r].stopped)
         elsewhere = sorted(r for r in frames if r not in waiting)
         stopped = sorted(r for r, s in stacks.items() if s.stopped)
@@ -238,8 +249,21 @@ class StackDetector:
                   "elsewhere": ",".join(map(str, elsewhere[:64])), "innermost_frames": summary[:4000]}
         if stopped:
             fields["stopped_ranks"] = ",".join(map(str, stopped[:64]))
+        if missing:
+            fields["no_stack"] = ",".join(map(str, missing[:64]))
         where = job_location(job)
-        if culprits:
+        if not culprits and waiting and not elsewhere and missing and len(missing) * 2 <= len(missing) + len(frames):
+            # Every rank that answered waits for a peer: the one it waits for is among the ranks whose node sent
+            # no stack (its agent, or the node itself, is not answering either).
+            rank = missing[0]
+            node = (known or {}).get(rank)
+            nodes = sorted({n for r in missing if (n := (known or {}).get(r))})
+            where = job_location(job, node=node, rank=rank)
+            fields["culprit_rank"] = str(rank)
+            on = ",".join(nodes[:4]) or "an unknown node"
+            msg = (f"job {job}: rank(s) {','.join(map(str, missing[:8]))} on {on} sent no stack while every rank "
+                   f"that did ({','.join(map(str, waiting[:8]))}) waits in a collective")
+        elif culprits:
             s = stacks[culprits[0]]
             where = job_location(job, node=s.node, rank=s.rank)
             fields["culprit_rank"] = str(s.rank)

@@ -89,7 +89,8 @@ class DetectorSuite:
         job = self._key(job)
         state = self.book.jobs.get(job)
         ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
-        self.stacks.add(job, sample, ts, ranks=ranks)
+        known = {r: st.node for r, st in state.ranks.items() if r >= 0} if state else {}
+        self.stacks.add(job, sample, ts, ranks=ranks, known=known)
         self.watermark = max(self.watermark, ts)
 
     def _exonerate(self, job: str, since: float) -> str | None:
