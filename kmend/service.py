@@ -490,10 +490,14 @@ class Kmend:
         for state in {*(s.value for s in PlanState), *counts}:
             self.metrics.plans_by_state.labels(state).set(counts.get(state, 0))
         self.node_health()  # sets kmend_nodes_quarantined
+        if self._follows():
+            self._refresh_open_gauge()
 
     def _refresh_open_gauge(self) -> None:
-        counts = self.analyzer.correlator.active_counts()
+        # A replica that does not fold the feed counts what the Lease holder stored, not its own stale view.
+        counts = self.store.open_incident_counts() if self._follows() else {
+            fc.value: n for fc, n in self.analyzer.correlator.active_counts().items()}
         self.metrics.incidents_open.clear()
         for fc, n in counts.items():
-            self.metrics.incidents_open.labels(fc.value).set(n)
+            self.metrics.incidents_open.labels(fc).set(n)
 

@@ -247,10 +247,19 @@ def test_a_replica_that_does_not_lead_shows_the_leaders_current_view(pair: tuple
     assert b.node_health()["gpu-node-01"]["state"] == "suspect"
     assert b.node_health()["gpu-node-01"]["incidents"] == [inc["id"]]
     assert [i.id for i in b.incidents()] == [inc["id"]]
+    # Its gauges, which Prometheus scrapes from every replica, count the leader's incidents too.
+    b.refresh_gauges()
+    assert _open_gauge(b, "gpu_lost") == 1.0
     # The leader resolves it: b shows that too, at once.
     a.set_incident_state(str(inc["id"]), IncidentState.RESOLVED, "checked")
     assert b.node_health()["gpu-node-01"]["state"] == "healthy"
     assert [i.state for i in b.incidents()] == [IncidentState.RESOLVED]
+    b.refresh_gauges()
+    assert _open_gauge(b, "gpu_lost") == 0.0
+
+
+def _open_gauge(k: Kmend, fault_class: str) -> float:
+    return k.metrics.registry.get_sample_value("kmend_incidents_open", {"fault_class": fault_class}) or 0.0
 
 
 def _dcgm(node: str, name: str, value: float, ts: float, labels: dict[str, str]) -> Signal:
