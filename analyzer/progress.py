@@ -50,6 +50,9 @@ class ProgressEvent:
     """Ranks in the run, when the reporter said (the hook records torchrun's ``WORLD_SIZE``)."""
     namespace: str | None = None
     """Kubernetes namespace of the job, when known: ``train`` in two namespaces is two jobs."""
+    counted: bool = False
+    """`step` was counted from lines that number no step (a Trainer's loss dict), not printed: it is no
+    measure of a rank that also prints numbered steps (its progress bar)."""
 
     @property
     def key(self) -> str:
@@ -216,14 +219,15 @@ class ProgressExtractor:
             rank = named if named is not None else -1
         step = got.step
         key = (f"{namespace}/{job}" if namespace else job, rank, rule.id)
-        if step is None and rule.kind is ProgressKind.STEP:
+        counted = step is None and rule.kind is ProgressKind.STEP
+        if counted:
             step = self._counters.get(key, 0) + 1
             self._counters[key] = step
         elif step is not None and got.epoch is not None:
             step = self._through_epochs(key, got.epoch, step)
         return ProgressEvent(job=job, rank=rank, node=sig.node, ts=sig.ts, kind=rule.kind, step=step,
                              total=None if got.epoch is not None else got.total, step_time=got.step_time,
-                             signal_id=sig.id, rule_id=rule.id, namespace=namespace)
+                             signal_id=sig.id, rule_id=rule.id, namespace=namespace, counted=counted)
 
     def _through_epochs(self, key: tuple[str, int, str], epoch: int, step: int) -> int:
         """A step that restarts every epoch, made monotonic: the steps of earlier epochs are added.

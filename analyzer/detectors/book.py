@@ -64,6 +64,8 @@ class RankState:
     rank that keeps reporting late is the one the others wait for."""
     exited_at: float | None = None
     """When the rank's container was seen gone (None while it runs)."""
+    numbered: bool = False
+    """The rank prints numbered steps (a progress bar, a step line): its counted lines are no steps of their own."""
 
     @property
     def basis(self) -> str:
@@ -146,6 +148,14 @@ class JobBook:
         if ev.kind is ProgressKind.END:
             job.ended_at = max(job.ended_at or ev.ts, ev.ts)
             return
+        if ev.kind is ProgressKind.STEP and ev.step is not None and (rank := job.ranks.get(ev.rank)) is not None:
+            # A Hugging Face Trainer prints its bar's step every step and a loss dict (which numbers none) every
+            # `logging_steps`: the dicts' count would read as the steps going back, a restart each time.
+            if ev.counted and rank.numbered:
+                return
+            if not ev.counted and not rank.numbered:
+                rank.numbered = True
+                rank.last_step = -1  # the steps counted so far were no step numbers
         if ev.kind is ProgressKind.STEP and ev.step is not None and _restarted(job, ev):
             job = self._restart(key, job)
         if ev.world_size is not None and ev.kind is ProgressKind.STEP:
@@ -165,7 +175,8 @@ class JobBook:
             return
         rank = job.ranks.get(ev.rank)
         if rank is None:
-            rank = job.ranks[ev.rank] = RankState(node=ev.node, times=deque(maxlen=self.window))
+            rank = job.ranks[ev.rank] = RankState(node=ev.node, times=deque(maxlen=self.window),
+                                                  numbered=not ev.counted)
         rank.node = ev.node
         if ev.total is not None:
             job.total = ev.total
