@@ -56,8 +56,10 @@ class _Window:
 class ProgressWindows:
     """Step samples in, one summary signal per (node, job, rank) out on `flush` (pure: no clock, no I/O)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, step_cut: int = STEP_CUT) -> None:
         self._windows: dict[tuple[str, str, str, int], _Window] = {}
+        self.step_cut = step_cut
+        """Step-line windows close after steps that are multiples of this (0: by time alone)."""
 
     def __len__(self) -> int:
         return len(self._windows)
@@ -90,7 +92,7 @@ class ProgressWindows:
             w.phased += p.samples
         for name, sec in p.phases.items():
             w.phases[name] = w.phases.get(name, 0.0) + sec * p.samples
-        if w.arrivals is not None and p.step % STEP_CUT == 0 and p.step > 0:
+        if w.arrivals is not None and self.step_cut and p.step % self.step_cut == 0 and p.step > 0:
             return self._take([key], sig.ts)
         return []
 

@@ -48,7 +48,10 @@ class StragglerConfig:
     min_slowdown: float = 1.05
     """Slowdown factor (rank median ÷ reference median) a straggler must reach."""
     persistence: int = 3
-    """Consecutive evaluations (one per job step) a rank must stay flagged."""
+    """Consecutive job steps a rank must stay flagged."""
+    persistence_in_steps: bool = True
+    """Count `persistence` in the steps each evaluation brought (an agent's summary brings up to 16 at once);
+    False: in evaluations, however many steps each brought."""
     noise_z: float = 4.0
     """The rank's excess over the reference must be this many standard errors of a median over the window,
     from the ranks' own step-to-step spread: contention that slows every rank unevenly is spread, not a straggler."""
@@ -151,7 +154,7 @@ class StragglerDetector:
         for i, r in enumerate(ranks):
             ep = self._ranks.setdefault((name, r), _Episode())
             flagged = bool(candidates[i])
-            if not self._step(ep, flagged, job.max_step, by_steps=True):
+            if not self._step(ep, flagged, job.max_step, by_steps=cfg.persistence_in_steps):
                 continue
             st = job.ranks[r]
             reason = hw.get(st.node)
@@ -210,7 +213,7 @@ class StragglerDetector:
         out = []
         for i, r in enumerate(ranks):
             ep = self._lags.setdefault((name, r), _Episode())
-            if not self._step(ep, bool(excess[i] >= threshold), job.max_step, by_steps=True):
+            if not self._step(ep, bool(excess[i] >= threshold), job.max_step, by_steps=cfg.persistence_in_steps):
                 continue
             st = job.ranks[r]
             slow = period / max(period - excess[i], 1e-3)
