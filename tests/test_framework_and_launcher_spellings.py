@@ -1,8 +1,8 @@
-"""Real lines from older frameworks, launchers and the kubelet through the `kmend analyze` path: GPU
-out-of-memory as TensorFlow, Caffe, MXNet, Darknet and Paddle print it; XLA's and the AWS OFI plugin's
-NCCL failures; NCCL's truncated messages; PyTorch's heartbeat monitor; Slurm's newer OOM-kill wording;
-NFS mount failures; kubelet admission rejections of GPU pods; and torchrun start-up notices that are no
-fault."""
+"""Real lines from older frameworks, launchers, Slurm and the kubelet through the `kmend analyze` path:
+GPU out-of-memory as TensorFlow, Caffe, MXNet, Darknet and Paddle print it; XLA's, Gloo's and the AWS OFI
+plugin's collective failures; NCCL's truncated messages; PyTorch's heartbeat monitor; Slurm's newer
+OOM-kill wording and GPU GRES problems; a node without a working driver; NFS mount failures; kubelet
+admission rejections of GPU pods; and torchrun start-up notices that are no fault."""
 
 from __future__ import annotations
 
@@ -68,6 +68,21 @@ RULES = load_rules([default_rules_dir()])
                 "Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. Requested:1, "
                 "Available: 0, which is unexpected\n",
      "kubelet-admission-devices-unavailable", FaultClass.NODE, False, Action.NOTIFY),
+    # https://github.com/awslabs/awsome-distributed-ai/issues/195 (scontrol show node)
+    ("slurm", "Reason=gres/gpu count reported lower than configured (0 < 8)\n",
+     "slurm-gres-gpu-count-lower", FaultClass.NODE, False, Action.NOTIFY),
+    # https://github.com/ComputeCanada/puppet-magic_castle/issues/27
+    ("syslog", "Feb 20 18:59:13 node2.int.rubberducky.calculquebec.cloud slurmd[57977]: fatal: gres.conf duplicate "
+               "records for gpu\n",
+     "slurmd-gres-config-fatal", FaultClass.NODE, False, Action.NOTIFY),
+    # https://github.com/skypilot-org/skypilot/issues/449
+    ("nvidia-smi", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the "
+                   "latest NVIDIA driver is installed and running.\n",
+     "nvidia-smi-no-driver", FaultClass.NODE, False, Action.NOTIFY),
+    # https://github.com/DeepAuto-AI/hip-attention/pull/59
+    ("container", "[rank4]:[E421 02:05:38.764490322 ProcessGroupGloo.cpp:143] Gloo connectFullMesh failed with "
+                  "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error\n",
+     "gloo-connect-full-mesh-failed", FaultClass.NCCL_ERROR, False, Action.RESTART_JOB),
 ])
 def test_a_framework_or_launcher_spelling_names_class_and_call(tmp_path: Path, source: str, text: str, rule: str,
                                                               fault_class: FaultClass, hardware: bool,
