@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -69,6 +69,15 @@ class DetectorSuite:
             if sig.ts > self.watermark:
                 self.watermark = sig.ts
         return events
+
+    def observe_pods(self, placements: Iterable[tuple[str, str]], ts: float) -> None:
+        """(job key, node) pairs a batch's lines showed: a job a reporter named bare on a node takes the namespace
+        its pods there name (``namespace/job`` keys; bare keys say nothing)."""
+        for key, node in placements:
+            ns, sep, name = key.partition("/")
+            if sep:
+                self.book.observe_pod_job(node, ns, name, ts)
+        self._drop_merged()
 
     def observe_digest(self, events: Sequence[ProgressEvent], metrics: Sequence[Signal], newest: float) -> None:
         """Progress events and detector metrics another replica extracted from its batch (see ``observe``)."""
@@ -169,7 +178,9 @@ class DetectorSuite:
     def _drop_merged(self) -> None:
         """Bare job keys the book folded into their namespaced job: what the detectors kept under them goes
         (the step counters stay: they belong to the reporter, which goes on naming no namespace)."""
-        for job in self.book.merged:
+        for job, into in self.book.merged:
+            # A stall already reported under the bare name is the same episode under the namespaced one.
+            self.hang.carry(job, into)
             for detector in (self.hang, self.straggler, self.flight_recorder, self.witnesses, self.stacks):
                 detector.forget(job)
         self.book.merged.clear()
