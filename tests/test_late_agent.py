@@ -23,21 +23,24 @@ from analyzer.rules import default_rules_dir, load_rules
 from collector.processes import ProcessFinder, host_view
 from collector.progress_summary import SummarisedProgress
 from collector.signal import ProgressSample, Signal
-from collector.sources.procs import ProcessExitSource
 from kmend.commands.agent import AgentSettings, build_agent
 
-T0 = 1_800_000_000.0
+T0 = time.time() - 7200.0
 """When the job ran (the agent starts long after)."""
-UIDS = ("a1111111-2222-3333-4444-555555555555", "b1111111-2222-3333-4444-555555555555")
+UIDS = ("a1111111-2222-3333-4444-555555555555", "b1111111-2222-3333-4444-555555555555",
+        "c1111111-2222-3333-4444-555555555555")
 
 
-def _write_log(root: Path, pod: str, uid: str, steps: range, t0: float = T0) -> Path:
+def _write_log(root: Path, pod: str, uid: str, steps: range, *, age_s: float = 60.0) -> Path:
+    """A pod's CRI log of step lines, last written `age_s` ago."""
     path = root / f"train_{pod}_{uid}" / "trainer" / "0.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         for s in steps:
-            ts = datetime.fromtimestamp(t0 + 0.5 * s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            ts = datetime.fromtimestamp(T0 + 0.5 * s, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             fh.write(f"{ts} stdout F step {s} loss 0.1\n")
+    if age_s:
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
     return path
 
 
@@ -49,10 +52,6 @@ def _settings(tmp: Path, **kw: object) -> AgentSettings:
 def _poll(settings: AgentSettings, polls: int = 4, between: object = None) -> list[Signal]:
     """What the agent's sources hand on over a few polls (in the agent's order), as the service would get it."""
     agent = build_agent(settings)
-    for src in agent.sources:  # the process source looks once a second: here at every poll
-        inner = getattr(src, "inner", src)
-        if isinstance(inner, ProcessExitSource):
-            inner.interval_s = 0.0
     out: list[Signal] = []
     for i in range(polls):
         if callable(between):
@@ -96,9 +95,11 @@ needs_host = pytest.mark.skipif(not host_view(Path("/proc")), reason="this /proc
 
 
 @needs_host
-def test_pods_that_ended_before_the_agent_started_have_their_ranks_exit_and_raise_no_hang(tmp_path: Path) -> None:
+@pytest.mark.parametrize("steps", [40, 8000], ids=["short-log", "log-read-over-several-polls"])
+def test_pods_that_ended_before_the_agent_started_have_their_ranks_exit_and_raise_no_hang(
+        tmp_path: Path, steps: int) -> None:
     for r in range(2):
-        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, 41))
+        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, steps + 1))
     signals = _poll(_settings(tmp_path))
     assert _exits(signals) == [("ddp", 0), ("ddp", 1)]
     # Each rank's exit follows its steps (the service keeps no exit of a rank it has not seen).
@@ -128,14 +129,21 @@ def test_a_pod_whose_process_is_still_there_is_not_told_and_its_job_is_a_hang(
 
 @needs_host
 def test_a_log_written_since_the_agent_started_is_not_told(tmp_path: Path) -> None:
-    for r in range(2):
-        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, 41))
+    # Rank 0's log was written just before the agent started and is written on after (its processes are the
+    # agent's to see); rank 2's was written just before and stays as it was; rank 1's pod ended a minute ago.
+    # "Just before": stamped a few seconds ahead, so that it is still recent at the agent's first look however
+    # long the agent takes to start on a loaded machine.
+    for r, age in ((0, -5.0), (1, 60.0), (2, -5.0)):
+        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, 41), age_s=age)
 
     def grow(i: int) -> None:
-        if i == 1:  # rank 0's pod writes on after the agent's first look: its processes are the agent's to see
-            _write_log(tmp_path / "pods", "ddp-worker-0", UIDS[0], range(41, 43))
+        if i == 1:
+            _write_log(tmp_path / "pods", "ddp-worker-0", UIDS[0], range(41, 43), age_s=0.0)
+        if i:
+            time.sleep(1.1)  # the process source's next look
 
-    assert _exits(_poll(_settings(tmp_path), between=grow)) == [("ddp", 1)]
+    signals = _poll(_settings(tmp_path), polls=3, between=grow)
+    assert _exits(signals) == [("ddp", 1), ("ddp", 2)]
 
 
 def test_a_proc_that_is_not_the_hosts_tells_nothing(tmp_path: Path) -> None:

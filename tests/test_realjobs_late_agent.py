@@ -19,6 +19,12 @@ HANG_THRESHOLD_MAX_S = 13.0
 """The most the service's hang threshold can be for these jobs (the 15 s target less its 2 s slack)."""
 
 
+def _told_ended(tmp: Path) -> list[str]:
+    """Pods the agent found ended before it started (from its log)."""
+    return sorted(line.split("pod ", 1)[1].split(" ", 1)[0] for line in (tmp / "agent.log").read_text().splitlines()
+                  if "ended before the agent started" in line)
+
+
 def _stalled(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "T"
@@ -41,6 +47,8 @@ def test_a_job_that_ended_before_the_agent_started_raises_nothing(tmp_path: Path
         # Twice the hang threshold: a job read as stalled would have been called a hang by then.
         incs = k.wait_for(bool, 2 * HANG_THRESHOLD_MAX_S)
         assert incs == [], [(i["fault_class"], i["root_cause"]) for i in incs]
+        # The agent told the ranks exited: no process of theirs is left, their logs did not change.
+        assert [p.split("_")[1] for p in _told_ended(tmp_path)] == ["ddp-early-worker-0", "ddp-early-worker-1"]
 
 
 def test_a_rank_stopped_before_the_agent_started_is_still_a_hang_named(tmp_path: Path) -> None:
@@ -61,3 +69,4 @@ def test_a_rank_stopped_before_the_agent_started_is_still_a_hang_named(tmp_path:
         [hang] = _of(incs, "hang")
         _assert_stopped_rank_named(hang, 1)
         assert hang["root_cause"]["job"] == "ddp-stall"
+        assert _told_ended(tmp_path) == []  # every rank's process is still there

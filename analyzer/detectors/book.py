@@ -95,6 +95,9 @@ class JobState:
     """Distinct job steps observed (how much history there is)."""
     ended_at: float | None = None
     """When the run announced its end (end-of-training line, the hook's ``finish()``) or every rank exited."""
+    ended_by_exits: bool = False
+    """`ended_at` is when every rank known then had exited: a rank heard of later (its node's agent read its
+    steps later) may still run, so it reopens the run."""
     run: int = 0
     """Restarts seen under this job name: detectors drop what they kept about an earlier run."""
     cadence_known: bool = False
@@ -148,7 +151,7 @@ class JobBook:
             if key != ev.job:
                 self._namespaced.setdefault(ev.job, set()).add(key)
         if ev.kind is ProgressKind.END:
-            job.ended_at = max(job.ended_at or ev.ts, ev.ts)
+            job.ended_at, job.ended_by_exits = max(job.ended_at or ev.ts, ev.ts), False
             return
         if ev.kind is ProgressKind.STEP and ev.step is not None and _restarted(job, ev):
             job = self._restart(key, job)
@@ -170,6 +173,8 @@ class JobBook:
         rank = job.ranks.get(ev.rank)
         if rank is None:
             rank = job.ranks[ev.rank] = RankState(node=ev.node, times=deque(maxlen=self.window))
+            if job.ended_by_exits:
+                job.ended_at, job.ended_by_exits = None, False
         rank.node = ev.node
         if ev.total is not None:
             job.total = ev.total
@@ -215,6 +220,7 @@ class JobBook:
             return
         rank.exited_at = ev.ts
         if all(r.exited_at is not None for r in job.ranks.values()):
+            job.ended_by_exits = job.ended_by_exits or job.ended_at is None
             job.ended_at = max(job.ended_at or ev.ts, ev.ts)  # every container is gone: deleted or done
 
     def _restart(self, name: str, old: JobState) -> JobState:

@@ -115,8 +115,8 @@ class DetectorSuite:
     def end_job(self, job: str, ts: float) -> None:
         """The job's pods are done (the API says so): its silence from now on is no hang."""
         state = self.book.jobs.get(job)
-        if state is not None and state.ended_at is None:
-            state.ended_at = ts
+        if state is not None and (state.ended_at is None or state.ended_by_exits):
+            state.ended_at, state.ended_by_exits = state.ended_at or ts, False
 
     def suspects(self, now: float) -> list[tuple[str, list[str], float]]:
         """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""

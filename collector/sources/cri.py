@@ -140,8 +140,6 @@ class CriLogSource:
         self._retry_at: dict[str, float] = {}
         self._emitted: dict[str, Cursor] = {}
         self._failing: set[tuple[str, str, str]] = set()
-        self._idle: set[tuple[str, str, str]] = set()
-        """Streams whose last read found nothing new: read to their end."""
         self._ts = TimestampParser()
         self._filtered = 0
 
@@ -213,7 +211,6 @@ class CriLogSource:
                     cursors[fp] = None
                 del self._streams[key]
                 self._failing.discard(key)
-                self._idle.discard(key)
                 if st.job is not None and st.rank is not None:
                     # A rank of a known job is gone (completed and removed, or deleted): its silence
                     # from now on is no hang.
@@ -235,15 +232,10 @@ class CriLogSource:
                     lines += chunk.data.count(b"\n")
                     self._process(st, chunk, signals)
                 self._failing.discard(key)
-                if chunks or st.partial:
-                    self._idle.discard(key)
-                else:
-                    self._idle.add(key)
             except Exception:
                 # One unreadable file must not cost the other containers their lines. This
                 # stream goes back to its last safe position and is read again next poll.
                 errors += 1
-                self._idle.discard(key)
                 if key not in self._failing:
                     # Once per failing stream, not every poll; the error counter keeps counting.
                     log.exception("container log %s/%s failed", key[0], key[1])
@@ -270,11 +262,6 @@ class CriLogSource:
         for uid in [u for u in self._retry_at if u not in live_pods]:
             del self._retry_at[uid]
         return Poll(signals, cursors, lines, errors=errors, filtered=self._filtered)
-
-    def caught_up(self, pod_dir: str) -> bool:
-        """Whether every log of the pod directory ``<ns>_<pod>_<uid>`` has been read to its end (and handed on)."""
-        keys = [k for k in self._streams if k[0] == pod_dir]
-        return bool(keys) and all(k in self._idle for k in keys)
 
     def _process(self, st: _Stream, chunk: Chunk, out: list[Signal]) -> None:
         data = chunk.data

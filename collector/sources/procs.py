@@ -10,24 +10,29 @@ silence is its end, not a hang. A process that is stopped (SIGSTOP) is still the
 is stuck, not finished.
 
 An agent that starts after a job ended never sees its processes at all: it reads the pods' old
-step lines, and nothing ever exits. For each pod directory that was there when the agent
-started, whose logs have not grown since and have been read to their end, in which no process
-on the node runs (matched over every process, by pod UID, ``HOSTNAME``, ``KMEND_JOB`` and
-torchrun's run id, as ranks are matched to jobs), this source emits an ``exit`` for each rank
-the pod's step lines named. It says nothing unless its ``/proc`` is the host's (a container
-without host PID access sees only its own processes) and every process there could be read.
+step lines, and nothing ever exits. A pod directory that was there when the agent started,
+whose logs have not grown since (and were quiet for a look's interval before), and in which no
+process on the node runs (matched over every process, not only ranks: by pod UID in its cgroup
+or ``HOSTNAME``), has ended: this source emits an ``exit`` for each rank its step lines name, as
+the log source reads them, right after that rank's steps (a backlog of many megabytes is read
+over many polls, and the service keeps no exit of a rank it has not seen). A rank whose job a
+process on the node still names (``KMEND_JOB``, torchrun's run id) is not told. It says nothing
+unless its ``/proc`` is the host's (a container without host PID access sees only its own
+processes: kernel threads are the tell) and every process there could be read.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 from collector.processes import Occupancy, ProcessFinder, TrainingProcess, host_view
 from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Clock, Poll
+
+log = logging.getLogger(__name__)
 
 _LogState = tuple[tuple[str, str, int, int], ...]
 """(container, file, size, mtime) of each file of a pod's log directory."""
@@ -38,18 +43,6 @@ class _Seen:
     rank: int
     names: tuple[str, ...]
     namespace: str | None = None
-
-
-class PodLogs(Protocol):
-    """The node's container log reader.
-
-    Guarantees: ``caught_up`` is True only once every log of the pod directory was read to its end and the
-    lines handed on (polled before this source, so its lines leave before the exits).
-    """
-
-    def caught_up(self, pod_dir: str) -> bool:
-        """Whether the pod directory's logs have been read to their end."""
-        ...
 
 
 class PodRanks:
@@ -71,27 +64,30 @@ class ProcessExitSource:
     name = "processes"
 
     def __init__(self, *, node: str, finder: ProcessFinder, clock: Clock = time.time,
-                 interval_s: float = 1.0, monotonic: Clock = time.monotonic, logs: PodLogs | None = None,
-                 ranks: PodRanks | None = None) -> None:
+                 interval_s: float = 1.0, monotonic: Clock = time.monotonic, ranks: PodRanks | None = None) -> None:
         self.node = node
         self.finder = finder
         self.clock = clock
         self.interval_s = interval_s
         self.monotonic = monotonic
-        self.logs = logs
-        """The log reader (with `ranks`: pods that ended before the agent started are told too)."""
         self.ranks = ranks
+        """The ranks the node's step lines named, by pod (given: pods that ended before the agent started are told)."""
         self._next = 0.0
         self._running: dict[tuple[int, int], _Seen] = {}
-        self._at_start: dict[str, _LogState] | None = None
-        """Pod directories when the agent started, with their logs' sizes, until told of (None before the first
-        look; empty when this ``/proc`` is not the host's)."""
+        self._watched: dict[str, _LogState] | None = None
+        """Pod directories there when the agent started, with their logs' sizes, until found ended or written to
+        (None before the first look; empty when this ``/proc`` is not the host's)."""
+        self._ended: dict[str, tuple[_LogState, set[tuple[str, int, str | None]]]] = {}
+        """Pod directories found ended: their logs as they were, and the ranks told of."""
+        self._names: frozenset[str] = frozenset()
+        """Job names in the environment of the node's processes, at the last look."""
 
     def poll(self) -> Poll:
-        """``exit`` samples for rank processes that ended since the last look (at most every `interval_s`)."""
+        """``exit`` samples for rank processes that ended since the last look (at most every `interval_s`), and
+        for ranks of ended pods as their step lines are read (every poll: each exit follows its rank's steps)."""
         now = self.monotonic()
         if now < self._next:
-            return Poll()
+            return Poll(signals=self._tell_ended(self.clock()))
         self._next = now + self.interval_s
         procs: list[TrainingProcess] = self.finder.find()
         current = {(p.pid, p.started): _Seen(p.rank, p.names, p.pod.split("/", 1)[0] if p.pod else None)
@@ -110,45 +106,56 @@ class ProcessExitSource:
         return Poll(signals=signals)
 
     def _ended_pods(self, ts: float) -> list[Signal]:
-        """Exits for the ranks of pods that ended before the agent started (see the module's docstring)."""
+        """Find pods that ended before the agent started (see the module's docstring); exits for their ranks."""
         root = self.finder.pods_root
-        if self.logs is None or self.ranks is None or root is None:
+        if self.ranks is None or root is None:
             return []
-        if self._at_start is None:
-            host = host_view(self.finder.proc_root)
-            self._at_start = {d: _log_state(root / d) for d in _pod_dirs(root)} if host else {}
-        present = _pod_dirs(root) if self._at_start or self.ranks.by_pod else set()
+        present = _pod_dirs(root)
         names = [d.rsplit("_", 1)[0] for d in present]
         for key in [k for k in self.ranks.by_pod if f"{k[0]}_{k[1]}" not in names]:
             del self.ranks.by_pod[key]  # the pod was deleted
-        if not self._at_start:
-            return []
-        for gone in [d for d in self._at_start if d not in present]:
-            del self._at_start[gone]  # deleted: the log source tells its ranks' exits
-        ready: dict[str, set[tuple[str, int, str | None]]] = {}
-        for d in list(self._at_start):
-            if not self.logs.caught_up(d):
-                continue
-            if _log_state(root / d) != self._at_start[d]:
-                del self._at_start[d]  # written since the agent started: its processes are the ones seen
-                continue
-            ns, pod, _ = d.split("_", 2)
-            if not self.ranks.by_pod.get((ns, pod)):
-                del self._at_start[d]  # read to its end without a step line: no rank to tell of
-                continue
-            ready[d] = self.ranks.by_pod[(ns, pod)]
+        for gone in [d for d in self._ended if d not in present]:
+            del self._ended[gone]
+        first = self._watched is None
+        if self._watched is None:
+            self._watched = ({d: st for d in present if (st := _log_state(root / d))}
+                             if host_view(self.finder.proc_root) else {})
+        for d in [d for d in self._watched if d not in present or (not first and _log_state(root / d)
+                                                                     != self._watched[d])]:
+            del self._watched[d]  # deleted (the log source tells its ranks), or written since the agent started
+        # At the first look, only logs quiet for an interval before it; later, logs unchanged since the first.
         # A pod name reused (a new pod of that name beside the old one's directory): lines do not tell the two
         # apart, so no directory of that name tells its ranks.
-        ready = {d: r for d, r in ready.items() if names.count(d.rsplit("_", 1)[0]) == 1}
-        if not ready:
+        quiet = (self.clock() - self.interval_s) * 1e9
+        candidates = [d for d, st in self._watched.items() if names.count(d.rsplit("_", 1)[0]) == 1
+                      and (not first or max(f[3] for f in st) <= quiet)]
+        if candidates:
+            here = self.finder.occupancy()
+            self._names = here.names
+            for d in candidates:
+                if here.complete and not _occupied(d, here):
+                    self._ended[d] = (self._watched.pop(d), set())
+                    log.info("pod %s ended before the agent started (no process on the node, its log unchanged): "
+                             "its ranks are told exited", d)
+        return self._tell_ended(ts)
+
+    def _tell_ended(self, ts: float) -> list[Signal]:
+        """Exits for the ranks of ended pods not told yet (a rank as soon as its step lines were read)."""
+        if not self._ended or self.ranks is None or self.finder.pods_root is None:
             return []
-        here = self.finder.occupancy()
         out: list[Signal] = []
-        for d, ranks in ready.items():
-            if not here.complete or _occupied(d, here) or any(job in here.names for job, _, _ in ranks):
+        for d, (state, told) in list(self._ended.items()):
+            ns, pod, _ = d.split("_", 2)
+            new = self.ranks.by_pod.get((ns, pod), set()) - told
+            if not new:
                 continue
-            del self._at_start[d]
-            for job, rank, namespace in sorted(ranks, key=lambda r: (r[0], r[1], r[2] or "")):
+            if _log_state(self.finder.pods_root / d) != state:
+                del self._ended[d]  # written again (a container restarted in it): its processes are seen
+                continue
+            for job, rank, namespace in sorted(new, key=lambda r: (r[0], r[1], r[2] or "")):
+                if job in self._names:
+                    continue  # a process on the node names the job (KMEND_JOB, torchrun's run id): it runs
+                told.add((job, rank, namespace))
                 out.append(Signal(f"{self.node}/process/pod/{d}/exit/{job}/{rank}", self.node, Source.PROGRESS, ts,
                                   ProgressSample(job, rank, 0, event="exit", namespace=namespace)))
         return out

@@ -236,9 +236,9 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     node = settings.node
     sources: list[SignalSource] = []
     meta = pod_metadata(settings)
-    logs = CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta, prefilter=prefilter,
-                        resume=checkpoints.section("container"), job=settings.job)
-    containers: SignalSource = logs
+    containers: SignalSource = CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta,
+                                            prefilter=prefilter, resume=checkpoints.section("container"),
+                                            job=settings.job)
     pod_ranks = PodRanks()
     line_steps = build_line_steps(settings, pod_ranks)
     step_windows: ProgressWindows | None = None
@@ -273,7 +273,7 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
         # Pods that ended before the agent started are told by the ranks their step lines named (summaries on).
         exits: SignalSource = ProcessExitSource(node=node, finder=ProcessFinder(
             proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta, job=settings.job),
-            logs=logs, ranks=pod_ranks if step_windows is not None else None)
+            ranks=pod_ranks if step_windows is not None else None)
         sources.append(exits if step_windows is None else ExitsAfterSteps(exits, step_windows))
     if settings.ib_root.is_dir():
         sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
