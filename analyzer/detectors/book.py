@@ -170,11 +170,11 @@ class JobBook:
             return
         if ev.step is None:
             return
+        if job.ended_by_exits and ev.rank not in job.ranks:
+            job.ended_at, job.ended_by_exits = None, False  # a rank not heard of when the others exited
         rank = job.ranks.get(ev.rank)
         if rank is None:
             rank = job.ranks[ev.rank] = RankState(node=ev.node, times=deque(maxlen=self.window))
-            if job.ended_by_exits:
-                job.ended_at, job.ended_by_exits = None, False
         rank.node = ev.node
         if ev.total is not None:
             job.total = ev.total
