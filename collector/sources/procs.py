@@ -126,8 +126,10 @@ class ProcessExitSource:
         # At the first look, only logs quiet for an interval before it; later, logs unchanged since the first.
         # A pod name reused (a new pod of that name beside the old one's directory): lines do not tell the two
         # apart, so no directory of that name tells its ranks.
+        # Only pods with step lines read: the others have no rank to tell (and the look at every process is spared).
         quiet = (self.clock() - self.interval_s) * 1e9
         candidates = [d for d, st in self._watched.items() if names.count(d.rsplit("_", 1)[0]) == 1
+                      and tuple(d.split("_", 2)[:2]) in self.ranks.by_pod
                       and (not first or max(f[3] for f in st) <= quiet)]
         if candidates:
             here = self.finder.occupancy()
