@@ -1,6 +1,7 @@
 """A node agent that starts after a job's pods ended: the ranks read from an ended pod's log are told exited (so the
 job's old step lines are no hang), only for pods with no process on the node, logs unchanged since the agent
-started, and a ``/proc`` that is the host's; a job whose processes are still there is judged as before."""
+started, and a ``/proc`` that is the host's; a job whose processes are still there is judged as before, and a rank
+heard of after the others exited reopens its job."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from analyzer.records import FaultClass, Finding
 from analyzer.rules import default_rules_dir, load_rules
 from collector.processes import ProcessFinder, host_view
 from collector.progress_summary import SummarisedProgress
-from collector.signal import ProgressSample, Signal
+from collector.signal import ProgressSample, Signal, Source
 from kmend.commands.agent import AgentSettings, build_agent
 
 T0 = time.time() - 7200.0
@@ -155,3 +156,20 @@ def test_a_proc_that_is_not_the_hosts_tells_nothing(tmp_path: Path) -> None:
     for r in range(2):
         _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, 41))
     assert _exits(_poll(_settings(tmp_path, proc_root=own))) == []
+
+
+def test_a_rank_heard_of_after_the_others_exited_reopens_the_job() -> None:
+    # Node 1's agent came up first and told its rank exited; node 2's agent reads its rank's steps later, and that
+    # rank's process is still there (stuck): the job is not over until it exits too.
+    suite = DetectorSuite(load_progress_rules([default_progress_rules_dir()]))
+    steps = [Signal(f"n1/progress/{s}", "n1", Source.PROGRESS, T0 + s, ProgressSample("ddp", 0, s, 1.0))
+             for s in range(1, 41)]
+    now = T0 + 3600
+    suite.observe([*steps, Signal("n1/exit", "n1", Source.PROGRESS, now, ProgressSample("ddp", 0, 0, event="exit"))])
+    assert suite.book.jobs["ddp"].finished
+    suite.observe([Signal(f"n2/progress/{s}", "n2", Source.PROGRESS, T0 + s, ProgressSample("ddp", 1, s, 1.0))
+                   for s in range(1, 41)])
+    [hang] = [f for f in suite.evaluate(now + 1) if f.fault_class is FaultClass.HANG]
+    assert hang.where.job == "ddp"
+    suite.observe([Signal("n2/exit", "n2", Source.PROGRESS, now + 2, ProgressSample("ddp", 1, 0, event="exit"))])
+    assert suite.book.jobs["ddp"].finished
