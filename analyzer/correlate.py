@@ -360,6 +360,15 @@ class Correlator:
         return best
 
     def _same_symptom(self, f: Finding) -> _Draft | None:
+        best = self._same_symptom_of(f)
+        w = f.where
+        if best is None and w.namespace and w.job and w.node in self._job_nodes.get(w.job, {}):
+            # The job was reported under its bare name on this node before its namespace was learnt (a reporter
+            # that knows none, then its pods' lines): the incident opened under that name is this one.
+            best = self._same_symptom_of(replace(f, where=replace(w, namespace=None)))
+        return best
+
+    def _same_symptom_of(self, f: Finding) -> _Draft | None:
         best: _Draft | None = None
         for d in self._open_drafts() if not self.indexed else self._index.same_symptom(f):
             if not d.symptom_only or not self._near(d, f.ts) or (best is not None and best.order < d.order):

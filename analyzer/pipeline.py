@@ -85,8 +85,11 @@ class Analyzer:
         if signals:
             # One time per batch (its newest record): a batch spans seconds, placements expire in minutes.
             ts = max(map(_TS, signals))
-            for job, node in _placements(signals):
+            placed = _placements(signals)
+            for job, node in placed:
                 self.correlator.observe_placement(job, node, ts)
+            if self.detectors is not None:
+                self.detectors.observe_pods(placed, ts)
         if self.detectors is not None:
             self.detectors.observe(signals)
         found = self.matcher.match(signals) if lines is None else self.matcher.match_lines(signals, lines)
@@ -134,6 +137,7 @@ class Analyzer:
         for job, node in digest.placements:
             self.correlator.observe_placement(job, node, digest.placed_at)
         if self.detectors is not None:
+            self.detectors.observe_pods(digest.placements, digest.placed_at)
             self.detectors.observe_digest(digest.progress, digest.metrics, digest.newest)
             for st in digest.stacks:
                 self.detectors.add_stack(st.job, st.sample, st.ts)

@@ -31,6 +31,8 @@ STOPPED_STATES = frozenset({"T", "t"})
 """``/proc/<pid>/stat`` states of a process that does not run: stopped by a signal, or by a tracer."""
 _TORCHRUN_DEFAULT_RUN_ID = "none"
 """torchrun's ``--rdzv-id`` when none is given: it names no job."""
+_PF_KTHREAD = 0x00200000
+"""``/proc/<pid>/stat`` flag of a kernel thread (``PF_KTHREAD``): no program can set it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,13 @@ class ProcStat:
     """Parent PID."""
     started: int
     """Start time, clock ticks after boot."""
+    flags: int = 0
+    """Kernel flags (``PF_*``)."""
+
+    @property
+    def kernel_thread(self) -> bool:
+        """A kernel thread: no program, no environment, in no pod."""
+        return bool(self.flags & _PF_KTHREAD)
 
 
 def read_stat(proc: Path) -> ProcStat | None:
@@ -99,7 +108,29 @@ def read_stat(proc: Path) -> ProcStat | None:
     fields = rest.split()
     if len(fields) < 20:
         return None
-    return ProcStat(comm=head.partition("(")[2], state=fields[0], ppid=int(fields[1]), started=int(fields[19]))
+    return ProcStat(comm=head.partition("(")[2], state=fields[0], ppid=int(fields[1]), started=int(fields[19]),
+                    flags=int(fields[6]))
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """Every process on the node (not only ranks): which pods and jobs still have one here."""
+
+    complete: bool
+    """Every process could be read (environment and cgroup); when False nothing can be told from an absence."""
+    pod_uids: frozenset[str]
+    """Pod UIDs in the processes' cgroups."""
+    hostnames: frozenset[str]
+    """``HOSTNAME`` values (the kubelet sets it to the pod name)."""
+    names: frozenset[str]
+    """Job names in the processes' environments: ``KMEND_JOB``, torchrun's ``TORCHELASTIC_RUN_ID``."""
+
+
+def host_view(proc_root: Path) -> bool:
+    """Whether `proc_root` shows the host's processes: kernel threads (kthreadd is PID 2) are visible only from
+    the host's PID namespace. A container without host PID access sees its own processes alone."""
+    st = read_stat(proc_root / "2")
+    return st is not None and st.ppid == 0 and st.kernel_thread
 
 
 class ProcessFinder:
@@ -114,6 +145,8 @@ class ProcessFinder:
         """The agent's ``--job``: the job of every pod on the node (as for its log lines)."""
         # (pid, start, comm) -> (rank, environment) or None: an environment is read once per program.
         self._seen: dict[tuple[int, int, str], tuple[int, Mapping[str, str]] | None] = {}
+        # (pid, start, comm) -> (pod UID, HOSTNAME, job names) of any process, or None when unreadable.
+        self._traits: dict[tuple[int, int, str], tuple[str | None, str | None, tuple[str, ...]] | None] = {}
 
     def _pod_dirs(self) -> list[str]:
         if self.pods_root is None:
@@ -151,6 +184,39 @@ class ProcessFinder:
                 return None
         return pod_identity(pod, labels, job=self.job)[0]
 
+    def occupancy(self) -> Occupancy:
+        """The pods and job names of every process on the node, by the rules `find` names a rank's job with."""
+        uids: set[str] = set()
+        hosts: set[str] = set()
+        names: set[str] = set()
+        complete = True
+        live: set[tuple[int, int, str]] = set()
+        for entry in os.listdir(self.proc_root):
+            if not entry.isdigit():
+                continue
+            proc = self.proc_root / entry
+            st = read_stat(proc)
+            # Kernel threads run no program; PID 1 of the host's namespace is its init, in no pod.
+            if st is None or st.kernel_thread or entry == "1":
+                continue
+            key = (int(entry), st.started, st.comm)
+            live.add(key)
+            if key not in self._traits:
+                self._traits[key] = _traits(proc)
+            got = self._traits[key]
+            if got is None:
+                complete = complete and read_stat(proc) is None  # gone meanwhile: no process to count
+                continue
+            uid, host, named = got
+            if uid:
+                uids.add(uid)
+            if host:
+                hosts.add(host)
+            names.update(named)
+        for gone in [k for k in self._traits if k not in live]:
+            del self._traits[gone]
+        return Occupancy(complete, frozenset(uids), frozenset(hosts), frozenset(names))
+
     def find(self) -> list[TrainingProcess]:
         """The topmost process of each rank (a DataLoader worker shares its parent's ``RANK``)."""
         found: dict[int, tuple[int, Mapping[str, str], Path, ProcStat]] = {}
@@ -187,3 +253,18 @@ class ProcessFinder:
                                        pipe=f"{pipe}{rank}.pipe" if pipe else None, names=unique, state=st.state,
                                        started=st.started, pod=f"{ref[0]}/{ref[1]}" if ref else None))
         return out
+
+
+def _traits(proc: Path) -> tuple[str | None, str | None, tuple[str, ...]] | None:
+    """(pod UID from the cgroup, HOSTNAME, job names in the environment) of one process; None when unreadable."""
+    try:
+        m = _POD_UID.search((proc / "cgroup").read_text())
+    except OSError:
+        return None
+    env = read_environ(proc)
+    if env is None:
+        # Its pod is still told by its cgroup; without either, where it runs is unknown.
+        return (m.group(1).replace("_", "-"), None, ()) if m else None
+    named = tuple(n for n in (env.get("KMEND_JOB"), env.get("TORCHELASTIC_RUN_ID"))
+                  if n and n != _TORCHRUN_DEFAULT_RUN_ID)
+    return (m.group(1).replace("_", "-") if m else None), env.get("HOSTNAME") or None, named

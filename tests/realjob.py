@@ -183,6 +183,8 @@ class Kmend:
     db: Path
     node_pods: dict[str, Path] = field(default_factory=dict)
     """Each node's pod log directory."""
+    start_agents: Callable[[], None] = lambda: None
+    """Start the node agents (once; ``running_kmend(..., agents=False)`` leaves them to the test)."""
 
     def stored_lines(self, needle: str) -> list[str]:
         """Texts of the container lines the service stored that contain `needle` (what the agent shipped)."""
@@ -240,9 +242,11 @@ def _wait_agent_started(agent: Proc, node: str, timeout: float = 120.0) -> None:
 
 
 @contextmanager
-def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str, ...] = (NODE,)) -> Iterator[Kmend]:
+def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str, ...] = (NODE,),
+                  agents: bool = True) -> Iterator[Kmend]:
     """`kmend serve` (simulated cluster, SQLite) and a `kmend agent` per node (NODE alone by default), as separate
-    processes; each agent has its own pod log directory and state, as on its own machine."""
+    processes; each agent has its own pod log directory and state, as on its own machine. With `agents` False,
+    the agents start when the test calls ``start_agents`` (an agent that comes up after a job began or ended)."""
     node_pods = {node: tmp / ("pods" if i == 0 else f"pods-{node}") for i, node in enumerate(nodes)}
     for d in node_pods.values():
         d.mkdir()
@@ -250,25 +254,34 @@ def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str
     port = free_port()
     service = Proc(["serve", "--port", str(port), "--database-url", f"sqlite:///{tmp / 'kmend.db'}",
                     "--cluster", "sim"], tmp / "service.log", {**SERVICE_ENV, **(env or {})})
-    agents: list[Proc] = []
+    agents_list: list[Proc] = []
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=10) as client:
             wait_ready(url, service.p, log=tmp / "service.log")
-            for i, (node, root) in enumerate(node_pods.items()):
-                suffix = "" if i == 0 else f"-{node}"
-                agents.append(Proc(["agent", "--node", node, "--service-url", url,
-                                    "--state-dir", str(tmp / f"agent{suffix}"), "--pods-root", str(root),
-                                    "--kernel", "off", "--no-nvml", "--no-pod-labels",
-                                    "--ib-root", str(tmp / "no-ib"), "--poll-interval", "0.2",
-                                    # Step lines leave as per-rank summaries (with each step's time) at the
-                                    # default window: these jobs step every 10-150 ms, and a window closes
-                                    # every 16 steps as well, so a slow rank is still named within 30 steps.
-                                    "--flush-interval", "0.2", "--status-port", "0"], tmp / f"agent{suffix}.log", {}))
-            for node, agent in zip(node_pods, agents, strict=True):
-                _wait_agent_started(agent, node)
-            yield Kmend(url, pods, client, tmp / "kmend.db", node_pods)
+
+            def start_agents() -> None:
+                if agents_list:
+                    return
+                for i, (node, root) in enumerate(node_pods.items()):
+                    suffix = "" if i == 0 else f"-{node}"
+                    agents_list.append(Proc(["agent", "--node", node, "--service-url", url,
+                                            "--state-dir", str(tmp / f"agent{suffix}"), "--pods-root", str(root),
+                                            "--kernel", "off", "--no-nvml", "--no-pod-labels",
+                                            "--ib-root", str(tmp / "no-ib"), "--poll-interval", "0.2",
+                                            # Step lines leave as per-rank summaries (each step's time listed)
+                                            # at the default window: these jobs step every 10-150 ms, and a
+                                            # window closes every 16 steps too, so a slow rank is still named
+                                            # within 30 steps.
+                                            "--flush-interval", "0.2", "--status-port", "0"],
+                                           tmp / f"agent{suffix}.log", {}))
+                for node, agent in zip(node_pods, agents_list, strict=True):
+                    _wait_agent_started(agent, node)
+
+            if agents:
+                start_agents()
+            yield Kmend(url, pods, client, tmp / "kmend.db", node_pods, start_agents)
     finally:
-        for agent in agents:
+        for agent in agents_list:
             agent.stop()
         service.stop()

@@ -231,3 +231,61 @@ def test_kmend_analyze_takes_a_bare_named_log_of_the_same_ranks_as_the_namespace
         ("team-a", "train", 1)]
     named = {(f["namespace"], f["job"]) for i in out["incidents"] for f in i["findings"]}
     assert named <= {("team-a", "train"), (None, None)}
+
+
+def _hook_and_rule_lines(tmp_path: Path, line_after_s: float) -> list[Any]:
+    """Job ``train`` in namespace ``team-a``, one rank on each of gpu-1 and gpu-2: its progress comes only from a
+    reporter that knows no namespace (the hook outside the pods' view); the node agents ship only rule lines, with
+    the pods' identity. Rank 1 stops at step 40; `line_after_s` later rank 0's watchdog prints its timeout. The
+    service's incidents, as `kmend serve` holds them."""
+    from healer.notify import LogNotifier
+    from kmend.settings import Settings
+    from kmend.wiring import make_kmend
+    from sim.cluster import build_cluster
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", dry_run=True)
+    kmend = make_kmend(settings, cluster=build_cluster(2, 8), notifier=LogNotifier())
+    kmend.start()
+    try:
+        t = T0
+        for s in range(1, 42):
+            t = T0 + s
+            kmend.ingest([Signal(f"gpu-{r + 1}/progress/{s}", f"gpu-{r + 1}", Source.PROGRESS, t + 0.01 * r,
+                                 ProgressSample("train", r, s, 1.0)) for r in range(2) if s <= 40 + (r == 0)])
+            kmend.evaluate(now=t + 0.5)
+        line = LogLine(nccl_timeout(0), namespace="team-a", pod="train-worker-0", container="trainer", job="train",
+                       rank=0)
+        for k in range(1, 60):
+            if k == int(line_after_s):
+                kmend.ingest([Signal("gpu-1/container/team-a_train-worker-0/1", "gpu-1", Source.CONTAINER,
+                                     t + line_after_s, line)])
+            kmend.evaluate(now=t + k)
+        return [(i.fault_class.value, i.root_cause.namespace, i.root_cause.job, i.root_cause.rank, i.jobs)
+                for i in kmend.incidents()]
+    finally:
+        kmend.store.close()
+
+
+def test_a_job_reported_bare_takes_the_namespace_its_nodes_rule_lines_give_it(tmp_path: Path) -> None:
+    # The watchdog's line comes before the hang is called: the hang is the namespaced job's, and the line joins it.
+    incs = _hook_and_rule_lines(tmp_path, line_after_s=5.0)
+    assert [i[1:4] for i in incs if i[0] == "hang"] == [("team-a", "train", 1)], incs
+    assert {j for i in incs for j in i[4]} == {"team-a/train"}, incs
+
+
+def test_a_stall_called_under_the_bare_name_is_not_called_again_under_the_namespaced_one(tmp_path: Path) -> None:
+    # The line comes after the hang was called under the bare name: one stall, one incident, which the line joins
+    # (and the ranks' complaints, naming rank 1, name its namespace).
+    incs = _hook_and_rule_lines(tmp_path, line_after_s=30.0)
+    assert [i[:4] for i in incs] == [("hang", "team-a", "train", 1)], incs
+
+
+def test_a_bare_reporter_takes_no_namespace_where_two_namespaces_run_the_job_on_its_node() -> None:
+    from analyzer.detectors.book import JobBook
+
+    book = JobBook()
+    for ns in ("a", "b"):
+        book.observe_pod_job("gpu-1", ns, "train", T0)
+    book.observe_pod_job("gpu-2", "a", "train", T0)
+    assert book.key_for(None, "train", node="gpu-1") == "train"
+    assert book.key_for(None, "train", node="gpu-2") == "a/train"

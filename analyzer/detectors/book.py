@@ -97,6 +97,9 @@ class JobState:
     """Distinct job steps observed (how much history there is)."""
     ended_at: float | None = None
     """When the run announced its end (end-of-training line, the hook's ``finish()``) or every rank exited."""
+    ended_by_exits: bool = False
+    """`ended_at` is when every rank known then had exited: a rank heard of later (its node's agent read its
+    steps later) may still run, so it reopens the run."""
     run: int = 0
     """Restarts seen under this job name: detectors drop what they kept about an earlier run."""
     cadence_known: bool = False
@@ -120,8 +123,12 @@ class JobBook:
         """Job name -> the ``namespace/job`` keys it is kept under."""
         self.gpu: dict[str, dict[str, dict[str, tuple[float, float]]]] = {}
         """node -> gpu (or NIC port) -> feature -> (ts, value), latest only."""
-        self.merged: list[str] = []
-        """Bare job keys folded into their namespaced job since the detectors last dropped what they kept of them."""
+        self.merged: list[tuple[str, str]] = []
+        """(bare key, namespaced key) of jobs folded into their namespaced job since the detectors last dropped what
+        they kept of them."""
+        self._pod_ns: dict[tuple[str, str], tuple[str | None, float]] = {}
+        """(node, job) -> the namespace the job's pods there named in their lines (None: more than one), first seen."""
+        self._prune_at = 0.0
 
     def observe_progress(self, ev: ProgressEvent) -> None:
         """Fold one progress event in (idempotent for repeated or older steps)."""
@@ -146,7 +153,7 @@ class JobBook:
             if key != ev.job:
                 self._namespaced.setdefault(ev.job, set()).add(key)
         if ev.kind is ProgressKind.END:
-            job.ended_at = max(job.ended_at or ev.ts, ev.ts)
+            job.ended_at, job.ended_by_exits = max(job.ended_at or ev.ts, ev.ts), False
             return
         if ev.kind is ProgressKind.STEP and ev.step is not None and (rank := job.ranks.get(ev.rank)) is not None:
             # A Hugging Face Trainer prints its bar's step every step and a loss dict (which numbers none) every
@@ -173,6 +180,8 @@ class JobBook:
             return
         if ev.step is None:
             return
+        if job.ended_by_exits and ev.rank not in job.ranks:
+            job.ended_at, job.ended_by_exits = None, False  # a rank not heard of when the others exited
         rank = job.ranks.get(ev.rank)
         if rank is None:
             rank = job.ranks[ev.rank] = RankState(node=ev.node, times=deque(maxlen=self.window),
@@ -204,6 +213,17 @@ class JobBook:
         if ev.step > job.paused_step:
             job.paused_at = None  # a step after the one the pause followed: the pause is over
 
+    def observe_pod_job(self, node: str, namespace: str, job: str, ts: float) -> None:
+        """A line from a pod of `job` in `namespace` on `node` (any line with the pod's identity, a rule line too):
+        a reporter on that node that names the job without a namespace is reporting that namespaced job."""
+        key = (node, job)
+        seen = self._pod_ns.get(key)
+        if seen is not None and seen[0] == namespace:
+            return
+        self._pod_ns[key] = (namespace if seen is None else None, ts)
+        if seen is None and job in self.jobs and _runs_on(self.jobs[job], node):
+            self._adopt(job, f"{namespace}/{job}")
+
     @staticmethod
     def _exit(job: JobState, ev: ProgressEvent) -> None:
         rank = job.ranks.get(ev.rank)
@@ -211,6 +231,7 @@ class JobBook:
             return
         rank.exited_at = ev.ts
         if all(r.exited_at is not None for r in job.ranks.values()):
+            job.ended_by_exits = job.ended_by_exits or job.ended_at is None
             job.ended_at = max(job.ended_at or ev.ts, ev.ts)  # every container is gone: deleted or done
 
     def _restart(self, name: str, old: JobState) -> JobState:
@@ -274,6 +295,8 @@ class JobBook:
             return key if key in self.jobs or job not in self.jobs else job
         if job in self.jobs:
             return job
+        if node is not None and (seen := self._pod_ns.get((node, job))) is not None and seen[0]:
+            return f"{seen[0]}/{job}"  # the namespace the job's pods on this node named in their lines
         keys = self._namespaced.get(job)
         if keys is None:
             return job
@@ -287,7 +310,7 @@ class JobBook:
         """A job a reporter without namespace named, whose ranks run where the namespaced reporter's do, is
         that namespaced job (a hook outside the pod's view beside the agent): one job, under the namespaced key."""
         old = self.jobs.pop(bare)
-        self.merged.append(bare)
+        self.merged.append((bare, key))
         into = self.jobs.get(key)
         if into is None:
             self.jobs[key] = old
@@ -327,6 +350,9 @@ class JobBook:
         for name in gone:
             del self.jobs[name]
             self._unindex(name)
+        if now >= self._prune_at:  # pods' namespaces not heard of for as long
+            self._pod_ns = {k: v for k, v in self._pod_ns.items() if now - v[1] <= idle_s}
+            self._prune_at = now + idle_s / 10
         return gone
 
 

@@ -95,6 +95,12 @@ class HangDetector:
         self._reported.pop(job, None)
         self._held.pop(job, None)
 
+    def carry(self, old: str, new: str) -> None:
+        """A job now kept under another key (a bare name that took its namespace): its stall reported under the
+        old key is not reported again under the new one."""
+        if old in self._reported and new not in self._reported:
+            self._reported[new] = self._reported[old]
+
     def threshold(self, job: JobState) -> float | None:
         """Seconds without progress that make a hang for this job; None while history is too short."""
         cfg = self.config

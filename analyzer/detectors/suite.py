@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -70,6 +70,15 @@ class DetectorSuite:
                 self.watermark = sig.ts
         return events
 
+    def observe_pods(self, placements: Iterable[tuple[str, str]], ts: float) -> None:
+        """(job key, node) pairs a batch's lines showed: a job a reporter named bare on a node takes the namespace
+        its pods there name (``namespace/job`` keys; bare keys say nothing)."""
+        for key, node in placements:
+            ns, sep, name = key.partition("/")
+            if sep:
+                self.book.observe_pod_job(node, ns, name, ts)
+        self._drop_merged()
+
     def observe_digest(self, events: Sequence[ProgressEvent], metrics: Sequence[Signal], newest: float) -> None:
         """Progress events and detector metrics another replica extracted from its batch (see ``observe``)."""
         for ev in events:
@@ -107,8 +116,8 @@ class DetectorSuite:
     def end_job(self, job: str, ts: float) -> None:
         """The job's pods are done (the API says so): its silence from now on is no hang."""
         state = self.book.jobs.get(job)
-        if state is not None and state.ended_at is None:
-            state.ended_at = ts
+        if state is not None and (state.ended_at is None or state.ended_by_exits):
+            state.ended_at, state.ended_by_exits = state.ended_at or ts, False
 
     def suspects(self, now: float) -> list[tuple[str, list[str], float]]:
         """Jobs that look stalled (with their nodes and the time of their last progress): where to capture evidence."""
@@ -170,7 +179,9 @@ class DetectorSuite:
     def _drop_merged(self) -> None:
         """Bare job keys the book folded into their namespaced job: what the detectors kept under them goes
         (the step counters stay: they belong to the reporter, which goes on naming no namespace)."""
-        for job in self.book.merged:
+        for job, into in self.book.merged:
+            # A stall already reported under the bare name is the same episode under the namespaced one.
+            self.hang.carry(job, into)
             for detector in (self.hang, self.straggler, self.flight_recorder, self.witnesses, self.stacks):
                 detector.forget(job)
         self.book.merged.clear()

@@ -50,7 +50,7 @@ from collector.sources.dcgm import DcgmSource, http_fetcher
 from collector.sources.ib import IbSysfsSource
 from collector.sources.kernel import KernLogSource, KmsgSource
 from collector.sources.nvml import NvmlSource
-from collector.sources.procs import ProcessExitSource
+from collector.sources.procs import PodRanks, ProcessExitSource
 from collector.spool import DiskSpool, Value
 from collector.stacks import PySpyDumper, StackRequestResponder
 from collector.validate import node_name_problem
@@ -160,12 +160,12 @@ def build_prefilter(settings: AgentSettings) -> RegexPrefilter | None:
     return RegexPrefilter([hyperscan_pattern(p) for p in patterns])
 
 
-def build_line_steps(settings: AgentSettings) -> LineStep | None:
+def build_line_steps(settings: AgentSettings, ranks: PodRanks | None = None) -> LineStep | None:
     """Trainers' step lines summarised on the node, as hook progress is (None: summaries off, or no progress rules).
 
     The service's own progress rules decide what a step is. A line a fault rule may also match goes on as a line,
     and so does any progress line whose meaning depends on what came before (counted steps, pauses, the end):
-    the service reads those itself.
+    the service reads those itself. `ranks` learns which ranks each pod's step lines name.
     """
     if settings.progress_summary_s <= 0:
         return None
@@ -178,8 +178,11 @@ def build_line_steps(settings: AgentSettings) -> LineStep | None:
 
     def step(line: LogLine) -> ProgressSample | bool:
         got = extractor.edge_step(line)
-        if isinstance(got, ProgressSample) and faults.matches(line.text):
-            return True
+        if isinstance(got, ProgressSample):
+            if ranks is not None:
+                ranks.note(line, got)
+            if faults.matches(line.text):
+                return True
         return got
 
     return step
@@ -236,7 +239,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     containers: SignalSource = CriLogSource(node=node, root=settings.pods_root, pod_metadata=meta,
                                             prefilter=prefilter, resume=checkpoints.section("container"),
                                             job=settings.job)
-    line_steps = build_line_steps(settings)
+    pod_ranks = PodRanks()
+    line_steps = build_line_steps(settings, pod_ranks)
     step_windows: ProgressWindows | None = None
     if line_steps is not None:
         # Step lines leave as one summary per rank every progress_summary_s, like the hook's samples.
@@ -266,8 +270,10 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
                                             resume=checkpoints.section("flight-recorder"),
                                             settle_s=settings.flight_recorder_settle_s))
     if settings.process_exits and settings.proc_root.is_dir():
+        # Pods that ended before the agent started are told by the ranks their step lines named (summaries on).
         exits: SignalSource = ProcessExitSource(node=node, finder=ProcessFinder(
-            proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta, job=settings.job))
+            proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta, job=settings.job),
+            ranks=pod_ranks if step_windows is not None else None)
         sources.append(exits if step_windows is None else ExitsAfterSteps(exits, step_windows))
     if settings.ib_root.is_dir():
         sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
