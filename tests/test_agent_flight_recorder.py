@@ -172,7 +172,8 @@ def test_kmend_agent_uploads_dumps_once_across_a_restart(tmp_path: Path, service
         _write(root / "gloo-job" / f"comm_lib_trace_rank_{r}", (GLOO / f"gloo_trace_rank_{r}").read_bytes())
     (tmp_path / "token").write_text(TOKEN)
     settings = AgentSettings(node="gpu-1", state_dir=tmp_path / "state", pods_root=tmp_path / "pods", kernel="off",
-                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False, service_url=service.url,
+                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False, process_exits=False,
+                             service_url=service.url,
                              token_file=tmp_path / "token", flight_recorder_dir=root, flight_recorder_settle_s=0.0)
     for _ in range(2):  # the agent restarts in between: the checkpoint remembers what was uploaded
         agent = build_agent(settings)

@@ -94,7 +94,7 @@ def test_context_after_the_finding_in_the_same_batch_counts() -> None:
 
 def test_the_agent_prefilter_ships_context_lines(tmp_path: Path) -> None:
     settings = AgentSettings(node="gpu-3", state_dir=tmp_path / "state", pods_root=tmp_path / "pods", kernel="off",
-                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False,
+                             ib_root=tmp_path / "no-ib", nvml=False, pod_labels=False, process_exits=False,
                              service_url=f"http://127.0.0.1:{free_port()}")
     prefilter = build_prefilter(settings)
     assert prefilter is not None

@@ -26,7 +26,10 @@ OOM_AT_STEP = "[rank1]: step 12: torch.OutOfMemoryError: CUDA out of memory. Tri
 
 
 def _settings(tmp_path: Path, **kw: Any) -> AgentSettings:
+    # These pods run no process: an agent watching /proc would (rightly) report their ranks as exited once their
+    # logs are a second old; what is shipped of their lines is the subject here.
     base: dict[str, Any] = {"node": "gpu-3", "state_dir": tmp_path / "state", "pods_root": tmp_path / "pods",
+                            "process_exits": False,
                             "kernel": "off", "ib_root": tmp_path / "no-ib", "nvml": False, "pod_labels": False,
                             "service_url": f"http://127.0.0.1:{free_port()}"}
     return AgentSettings(**{**base, **kw})
