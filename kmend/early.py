@@ -91,13 +91,15 @@ class SchedulerLoop:
     def __init__(self, scheduler: GangScheduler, period_s: float) -> None:
         self.scheduler = scheduler
         self.period_s = period_s
+        self.cycled = threading.Event()
+        """Set once the first cycle has ended (its binds answered), failed or not."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Run the scheduler in a daemon thread; a second call does nothing."""
         if self._thread is None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self.scheduler.run, args=(self._stop, self.period_s),
+            self._thread = threading.Thread(target=self.scheduler.run, args=(self._stop, self.period_s, self.cycled),
                                             name="kmend-scheduler", daemon=True)
             self._thread.start()
 
@@ -166,17 +168,44 @@ def start_early(settings: Settings) -> Early | None:
         if settings.scheduler is False:
             started.append((leader, metrics, None, None))
             return
-        scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics)
-        loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
+        built: list[SchedulerLoop] = []
+        ready = threading.Event()
 
         def lead_then_schedule() -> None:
             # The healer loop renews the Lease once it runs; until then this first acquisition lets the scheduler act.
+            # It is asked for while this thread's caller loads and builds the scheduler (a fifth of a second).
             leader.tick()
-            loop.start()
+            ready.wait()
+            if built:
+                built[0].start()
 
         threading.Thread(target=lead_then_schedule, name="kmend-early", daemon=True).start()
+        try:
+            scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics)
+            loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
+            built.append(loop)
+        finally:
+            ready.set()
         started.append((leader, metrics, scheduler, loop))
 
     ports = kube_ports(settings, then=schedule)
     leader, metrics, scheduler, loop = started[0]
     return Early(ports, leader, metrics, scheduler, loop)
+
+
+FIRST_CYCLE_WAIT_S = 2.0
+"""How long `kmend serve` lets the gang scheduler's first cycle run alone before it builds the rest of the service."""
+
+
+def wait_first_cycle(early: Early | None, timeout_s: float = FIRST_CYCLE_WAIT_S) -> bool:
+    """Wait until the early scheduler's first cycle has ended (its binds answered), at most ``timeout_s``.
+
+    The rest of start-up (the web stack's and the store's imports, the rules' compiled matcher) is CPU-bound Python:
+    run beside the first cycle, it holds the interpreter's lock while each bind waits to send and to read its answer,
+    and a gang that waited at start is bound a third of a second later on a loaded machine. The first cycle is
+    requests and a placement: it ends in tens of milliseconds on a reachable server, and the wait is bounded for
+    one that is not.
+    """
+    if early is None or early.loop is None:
+        return True
+    return early.loop.cycled.wait(timeout_s)
