@@ -8,6 +8,7 @@ the scheduler's thread runs while the rest of the service is built; the app's li
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -18,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from healer.cluster import Cluster
+from healer.cluster import Cluster, ClusterError
 from healer.lease import AlwaysLeader, LeaderElector, Leases
 from healer.workloads import Workloads
 from kmend.settings import Settings
 
 if TYPE_CHECKING:
     from healer.gang.scheduler import GangScheduler
+    from healer.kube.pods import KubePodScheduling
     from kmend.metrics import Metrics
     from sim.world import SimWorld
 
@@ -130,18 +132,24 @@ class Early:
     """Its running thread."""
 
 
-def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callable[[], bool],
-                        metrics: Metrics) -> GangScheduler:
-    """The gang scheduler on a real cluster's pod and PodGroup watches, acting while `is_leader()`."""
-    from healer.gang.config import SchedulerConfig
-    from healer.gang.metrics import SchedulerMetrics
-    from healer.gang.scheduler import GangScheduler
+def kube_pod_scheduling(cluster: Cluster) -> KubePodScheduling:
+    """The gang scheduler's port on a real cluster (its pod, node and PodGroup watches start on its first read)."""
     from healer.kube.cluster import KubeCluster
     from healer.kube.pods import KubePodScheduling
 
     if not isinstance(cluster, KubeCluster):
         raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")
-    kube = KubePodScheduling(cluster.api, clock=time.time)
+    return KubePodScheduling(cluster.api, clock=time.time)
+
+
+def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callable[[], bool],
+                        metrics: Metrics, port: KubePodScheduling | None = None) -> GangScheduler:
+    """The gang scheduler on a real cluster's pod and PodGroup watches, acting while `is_leader()`."""
+    from healer.gang.config import SchedulerConfig
+    from healer.gang.metrics import SchedulerMetrics
+    from healer.gang.scheduler import GangScheduler
+
+    kube = port or kube_pod_scheduling(cluster)
     scheduler = GangScheduler(port=kube, is_leader=is_leader, clock=time.time,
                               config=SchedulerConfig(scheduler_name=settings.scheduler_name),
                               metrics=SchedulerMetrics(metrics.registry))
@@ -170,18 +178,22 @@ def start_early(settings: Settings) -> Early | None:
             return
         built: list[SchedulerLoop] = []
         ready = threading.Event()
+        port = kube_pod_scheduling(cluster)
 
         def lead_then_schedule() -> None:
             # The healer loop renews the Lease once it runs; until then this first acquisition lets the scheduler act.
-            # It is asked for while this thread's caller loads and builds the scheduler (a fifth of a second).
-            leader.tick()
+            # The Lease, and for its holder the first lists and the watches the first cycle reads, are asked for
+            # while this thread's caller loads and builds the scheduler (a fifth of a second of imports).
+            if leader.tick():
+                with contextlib.suppress(ClusterError):  # the scheduler's first cycle lists again, and says why
+                    port.changes("")
             ready.wait()
             if built:
                 built[0].start()
 
         threading.Thread(target=lead_then_schedule, name="kmend-early", daemon=True).start()
         try:
-            scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics)
+            scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics, port)
             loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
             built.append(loop)
         finally:
