@@ -61,8 +61,8 @@ def cluster_choice(settings: Settings) -> tuple[str, Settings]:
 def kube_ports(settings: Settings, *, then: Callable[[Cluster, Leases], None] | None = None) -> Ports:
     """The real cluster's adapters (nodes through their watch-fed cache).
 
-    ``then`` runs once the cluster and its Leases exist, before the Workloads adapter (whose API classes take the
-    client a fifth of a second to build): the gang scheduler starts there.
+    ``then`` runs once the cluster and its Leases exist, before the Workloads adapter (whose generated API classes
+    take the client a third of a second to import): the gang scheduler starts there.
     """
     from healer.kube.cluster import KubeCluster  # only here: the sim default needs no client
     from healer.kube.lease import KubeLeases
@@ -159,7 +159,8 @@ def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callabl
 
 
 def start_early(settings: Settings) -> Early | None:
-    """On a real cluster: its ports, the Lease taken, and the gang scheduler running; None on the simulated one.
+    """On a real cluster: its ports, the Lease taken, and the gang scheduler running, its first cycle ended (or
+    ``FIRST_CYCLE_WAIT_S`` passed); None on the simulated one.
 
     Errors of the cluster's configuration are raised as ``make_kmend`` raises them.
     """
@@ -199,6 +200,7 @@ def start_early(settings: Settings) -> Early | None:
         finally:
             ready.set()
         started.append((leader, metrics, scheduler, loop))
+        loop.cycled.wait(FIRST_CYCLE_WAIT_S)  # before the Workloads adapter and the rest of the service
 
     ports = kube_ports(settings, then=schedule)
     leader, metrics, scheduler, loop = started[0]
@@ -206,18 +208,10 @@ def start_early(settings: Settings) -> Early | None:
 
 
 FIRST_CYCLE_WAIT_S = 2.0
-"""How long `kmend serve` lets the gang scheduler's first cycle run alone before it builds the rest of the service."""
+"""How long start-up lets the gang scheduler's first cycle (its binds answered) run alone before it builds the rest.
 
-
-def wait_first_cycle(early: Early | None, timeout_s: float = FIRST_CYCLE_WAIT_S) -> bool:
-    """Wait until the early scheduler's first cycle has ended (its binds answered), at most ``timeout_s``.
-
-    The rest of start-up (the web stack's and the store's imports, the rules' compiled matcher) is CPU-bound Python:
-    run beside the first cycle, it holds the interpreter's lock while each bind waits to send and to read its answer,
-    and a gang that waited at start is bound a third of a second later on a loaded machine. The first cycle is
-    requests and a placement: it ends in tens of milliseconds on a reachable server, and the wait is bounded for
-    one that is not.
-    """
-    if early is None or early.loop is None:
-        return True
-    return early.loop.cycled.wait(timeout_s)
+The rest of start-up (the generated API classes of the Workloads adapter, the web stack's and the store's imports,
+the rules' compiled matcher) is CPU-bound Python: run beside the first cycle, it holds the interpreter's lock while
+each bind waits to send and to read its answer, and a gang that waited at start is bound a third of a second later
+on a loaded machine. The first cycle is requests and a placement: it ends in tens of milliseconds on a reachable
+server, and the wait is bounded for one that is not."""

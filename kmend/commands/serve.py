@@ -30,14 +30,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def start_cluster(settings: Settings) -> Early | None:
     """On a real cluster, its ports and the gang scheduler, started before the rest (``kmend.early``)."""
     from healer.cluster import ClusterConfigError
-    from kmend.early import start_early, wait_first_cycle
+    from kmend.early import start_early
 
     try:
-        early = start_early(settings)
+        return start_early(settings)
     except ClusterConfigError as exc:
         raise _cluster_error(settings, exc) from None
-    wait_first_cycle(early)  # a gang waiting at start is bound before the rest of the service is built
-    return early
 
 
 def _cluster_error(settings: Settings, exc: Exception) -> ConfigError:
