@@ -18,6 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from analyzer.packs import default_metric_rules_dir as default_metric_rules_dir
 from analyzer.records import Action, FaultClass, Severity
 from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs, load_yaml
 from collector.exposition import exposition_samples
@@ -324,8 +325,3 @@ def load_signal_rules(paths: Iterable[Path]) -> SignalRules:
     for rule in metric:
         check_examples(seen[rule.id], rule)
     return SignalRules(metric=metric, alert=tuple(r for r in loaded if isinstance(r, AlertRule)))
-
-
-def default_metric_rules_dir() -> Path:
-    """The shipped metric and alert packs (``rules/metrics/``)."""
-    return Path(__file__).resolve().parent.parent / "rules" / "metrics"

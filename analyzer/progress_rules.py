@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from analyzer.packs import default_progress_rules_dir as default_progress_rules_dir
 from analyzer.rules import LinearRegex, RuleError, check_urls, compile_linear, load_packs, load_yaml
 
 
@@ -195,8 +196,3 @@ def load_progress_rules(paths: Iterable[Path]) -> list[ProgressRule]:
     """Load progress packs from files or directories; ids must be unique. Sorted by priority, then load order."""
     rules, _ = load_packs(paths, load_progress_pack)
     return sorted(rules, key=lambda r: r.priority)
-
-
-def default_progress_rules_dir() -> Path:
-    """The shipped progress packs (``rules/progress/``)."""
-    return Path(__file__).resolve().parent.parent / "rules" / "progress"

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from analyzer.decode import ActionMap, Decoder, DecodeRow, StatusMatch
+from analyzer.packs import default_rules_dir as default_rules_dir
 from analyzer.records import Action, FaultClass, Severity
 from collector.normalize import events_of
 
@@ -452,11 +453,6 @@ def context_patterns(rules: Iterable[Rule], source: str | None = None) -> list[s
     """
     return [p for r in rules if r.benign_when is not None and (source is None or r.applies_to(source))
             for p in r.benign_when.patterns]
-
-
-def default_rules_dir() -> Path:
-    """The shipped rule packs (``rules/`` at the project root)."""
-    return Path(__file__).resolve().parent.parent / "rules"
 
 
 def rule_ids(rules: Sequence[Rule]) -> list[str]:

@@ -6,6 +6,12 @@ taint, label, condition and Event used to wait for all of them (p50 ~40 ms where
 this pool: one task per plan, so a node's steps still follow each other; the executor still journals each step
 before it acts and asks the brakes one step at a time. A plan is resumed by the loop only once its task is done, in
 the loop's next round (not at once: the drain it resumes must not sit in front of the next fault's cordon).
+
+A plan the loop resumes at its drain goes on here too (``resume``): the drain's evictions (a PodDisruptionBudget or a
+slow server can hold each for long) and the spare swap, checkpoint and restart after it run as one task, to the
+plan's next wait, while the loop's rounds keep cordoning new faults. One task per node at a time keeps a node's
+steps in order; the executor journals each step before it acts, as in a round, so a kill -9 mid-drain resumes the
+plan from the journal and nothing is done twice.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from healer.executor import PlanExecutor
 from healer.notify import Announcement
-from healer.records import DONE_STEP_STATES, Plan, StepKind
+from healer.records import DONE_STEP_STATES, Plan, PlanState, StepKind
 
 log = logging.getLogger("kmend.healer")
 
@@ -31,7 +37,7 @@ def next_kind(plan: Plan) -> StepKind | None:
 
 
 class Background:
-    """The rest of new plans' quarantines, one task per plan, up to ``parallel`` at a time."""
+    """The rest of new plans' quarantines and resumed plans' drains, one task per plan, up to ``parallel`` at a time."""
 
     def __init__(self, executor: PlanExecutor, announce: Callable[[Announcement, Plan], None], *,
                  stop_before: frozenset[StepKind], parallel: int) -> None:
@@ -41,17 +47,35 @@ class Background:
         """Where each task stops (the steps after the quarantine are the loop's)."""
         self.parallel = parallel
         self._tasks: dict[str, tuple[str, Future[Plan]]] = {}
+        """Per plan: its node and its task."""
         self._pool: ThreadPoolExecutor | None = None
+
+    def _submit(self, plan: Plan, resumed: bool) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="kmend-quarantine")
+        task = self._pool.submit(self._resume if resumed else self._run, plan)
+        self._tasks[plan.id] = (plan.node or "", task)
 
     def start(self, plan: Plan) -> None:
         """Run the plan on up to ``stop_before`` in the background."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="kmend-quarantine")
-        self._tasks[plan.id] = (plan.node or "", self._pool.submit(self._run, plan))
+        self._submit(plan, resumed=False)
+
+    def resume(self, plan: Plan) -> bool:
+        """Take a plan the loop resumes at its drain: it runs here to its next wait, failure or end. False (the loop
+        runs it) for a plan at another step; one whose node has a task still running waits for a later round."""
+        if plan.state is not PlanState.RUNNING or next_kind(plan) is not StepKind.DRAIN:
+            return False
+        if (plan.node or "") not in self.busy_nodes():
+            self._submit(plan, resumed=True)
+        return True
 
     def running(self) -> set[str]:
         """Ids of the plans with a task not yet harvested (no round resumes them)."""
         return set(self._tasks)
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes with a task not yet harvested: a second task for one of them waits (a node's steps stay in order)."""
+        return {node for node, _ in self._tasks.values() if node}
 
     def harvest(self) -> list[Plan]:
         """The plans whose task has finished, as it left them (a failed task's plan is resumed from the journal)."""
@@ -63,7 +87,7 @@ class Background:
             try:
                 out.append(task.result())
             except Exception:
-                log.exception("the quarantine of plan %s failed in the background", pid)
+                log.exception("plan %s failed in the background", pid)
         return out
 
     def wait(self, *, plan_id: str | None = None, node: str | None = None, timeout: float = 60.0) -> None:
@@ -77,3 +101,6 @@ class Background:
         done = self.executor.execute(plan, stop_before=self.stop_before)
         self.announce(Announcement.PLAN_CREATED, done)
         return done
+
+    def _resume(self, plan: Plan) -> Plan:
+        return self.executor.execute(plan)

@@ -8,6 +8,7 @@ the scheduler's thread runs while the rest of the service is built; the app's li
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -18,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from healer.cluster import Cluster
+from healer.cluster import Cluster, ClusterError
 from healer.lease import AlwaysLeader, LeaderElector, Leases
 from healer.workloads import Workloads
 from kmend.settings import Settings
 
 if TYPE_CHECKING:
     from healer.gang.scheduler import GangScheduler
+    from healer.kube.pods import KubePodScheduling
     from kmend.metrics import Metrics
     from sim.world import SimWorld
 
@@ -59,8 +61,8 @@ def cluster_choice(settings: Settings) -> tuple[str, Settings]:
 def kube_ports(settings: Settings, *, then: Callable[[Cluster, Leases], None] | None = None) -> Ports:
     """The real cluster's adapters (nodes through their watch-fed cache).
 
-    ``then`` runs once the cluster and its Leases exist, before the Workloads adapter (whose API classes take the
-    client a fifth of a second to build): the gang scheduler starts there.
+    ``then`` runs once the cluster and its Leases exist, before the Workloads adapter (whose generated API classes
+    take the client a third of a second to import): the gang scheduler starts there.
     """
     from healer.kube.cluster import KubeCluster  # only here: the sim default needs no client
     from healer.kube.lease import KubeLeases
@@ -91,13 +93,15 @@ class SchedulerLoop:
     def __init__(self, scheduler: GangScheduler, period_s: float) -> None:
         self.scheduler = scheduler
         self.period_s = period_s
+        self.cycled = threading.Event()
+        """Set once the first cycle has ended (its binds answered), failed or not."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Run the scheduler in a daemon thread; a second call does nothing."""
         if self._thread is None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self.scheduler.run, args=(self._stop, self.period_s),
+            self._thread = threading.Thread(target=self.scheduler.run, args=(self._stop, self.period_s, self.cycled),
                                             name="kmend-scheduler", daemon=True)
             self._thread.start()
 
@@ -128,18 +132,24 @@ class Early:
     """Its running thread."""
 
 
-def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callable[[], bool],
-                        metrics: Metrics) -> GangScheduler:
-    """The gang scheduler on a real cluster's pod and PodGroup watches, acting while `is_leader()`."""
-    from healer.gang.config import SchedulerConfig
-    from healer.gang.metrics import SchedulerMetrics
-    from healer.gang.scheduler import GangScheduler
+def kube_pod_scheduling(cluster: Cluster) -> KubePodScheduling:
+    """The gang scheduler's port on a real cluster (its pod, node and PodGroup watches start on its first read)."""
     from healer.kube.cluster import KubeCluster
     from healer.kube.pods import KubePodScheduling
 
     if not isinstance(cluster, KubeCluster):
         raise ValueError("the gang scheduler needs a pod-scheduling port for this cluster")
-    kube = KubePodScheduling(cluster.api, clock=time.time)
+    return KubePodScheduling(cluster.api, clock=time.time)
+
+
+def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callable[[], bool],
+                        metrics: Metrics, port: KubePodScheduling | None = None) -> GangScheduler:
+    """The gang scheduler on a real cluster's pod and PodGroup watches, acting while `is_leader()`."""
+    from healer.gang.config import SchedulerConfig
+    from healer.gang.metrics import SchedulerMetrics
+    from healer.gang.scheduler import GangScheduler
+
+    kube = port or kube_pod_scheduling(cluster)
     scheduler = GangScheduler(port=kube, is_leader=is_leader, clock=time.time,
                               config=SchedulerConfig(scheduler_name=settings.scheduler_name),
                               metrics=SchedulerMetrics(metrics.registry))
@@ -149,7 +159,8 @@ def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callabl
 
 
 def start_early(settings: Settings) -> Early | None:
-    """On a real cluster: its ports, the Lease taken, and the gang scheduler running; None on the simulated one.
+    """On a real cluster: its ports, the Lease taken, and the gang scheduler running, its first cycle ended (or
+    ``FIRST_CYCLE_WAIT_S`` passed); None on the simulated one.
 
     Errors of the cluster's configuration are raised as ``make_kmend`` raises them.
     """
@@ -166,17 +177,41 @@ def start_early(settings: Settings) -> Early | None:
         if settings.scheduler is False:
             started.append((leader, metrics, None, None))
             return
-        scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics)
-        loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
+        built: list[SchedulerLoop] = []
+        ready = threading.Event()
+        port = kube_pod_scheduling(cluster)
 
         def lead_then_schedule() -> None:
             # The healer loop renews the Lease once it runs; until then this first acquisition lets the scheduler act.
-            leader.tick()
-            loop.start()
+            # The Lease, and for its holder the first lists and the watches the first cycle reads, are asked for
+            # while this thread's caller loads and builds the scheduler (a fifth of a second of imports).
+            if leader.tick():
+                with contextlib.suppress(ClusterError):  # the scheduler's first cycle lists again, and says why
+                    port.changes("")
+            ready.wait()
+            if built:
+                built[0].start()
 
         threading.Thread(target=lead_then_schedule, name="kmend-early", daemon=True).start()
+        try:
+            scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics, port)
+            loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
+            built.append(loop)
+        finally:
+            ready.set()
         started.append((leader, metrics, scheduler, loop))
+        loop.cycled.wait(FIRST_CYCLE_WAIT_S)  # before the Workloads adapter and the rest of the service
 
     ports = kube_ports(settings, then=schedule)
     leader, metrics, scheduler, loop = started[0]
     return Early(ports, leader, metrics, scheduler, loop)
+
+
+FIRST_CYCLE_WAIT_S = 2.0
+"""How long start-up lets the gang scheduler's first cycle (its binds answered) run alone before it builds the rest.
+
+The rest of start-up (the generated API classes of the Workloads adapter, the web stack's and the store's imports,
+the rules' compiled matcher) is CPU-bound Python: run beside the first cycle, it holds the interpreter's lock while
+each bind waits to send and to read its answer, and a gang that waited at start is bound a third of a second later
+on a loaded machine. The first cycle is requests and a placement: it ends in tens of milliseconds on a reachable
+server, and the wait is bounded for one that is not."""

@@ -133,8 +133,8 @@ class Healing:
         nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
         says new work has come, the round stops resuming plans so that the caller can start the next one.
 
-        ``detach`` (the service's loop): new plans' taint, label, condition and Event go on in the background after
-        their cordons (``kmend.background``), so that the next fault's round does not wait for those writes.
+        ``detach`` (the service's loop): new plans' taint, label, condition and Event after their cordons, and resumed
+        plans' drains, go on in the background (``kmend.background``): the next fault's round does not wait for them.
         """
         with self.lock:
             touched = [self._settle(self._track(p), set_state) for p in self.background.harvest()]
@@ -172,7 +172,7 @@ class Healing:
                     self._announce(Announcement.NEEDS_APPROVAL, p)
                     self._track(p)
                     touched.append(p)
-                else:
+                elif not (detach and self.background.resume(p)):  # a drain goes on in the background (its task)
                     touched.append(self._resume(p, set_state, now))
             if interrupted() and now - self._accepted_at < self.resume_max_s:
                 return touched

@@ -8,9 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from analyzer.metric_rules import default_metric_rules_dir
-from analyzer.progress_rules import default_progress_rules_dir
-from analyzer.rules import default_rules_dir
+from analyzer.packs import default_metric_rules_dir, default_progress_rules_dir, default_rules_dir
 
 
 class Settings(BaseSettings):

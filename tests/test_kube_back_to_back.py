@@ -1,6 +1,7 @@
 """Back-to-back faults under `kmend serve --cluster kube`: a second node's cordon does not wait for the first plan's
-taint, label, condition and Event writes (here each takes half a second on the server), while each node's own
-steps still reach the server in the plan's order and both quarantines complete."""
+taint, label, condition and Event writes (here each takes half a second on the server), nor for the drain the loop
+resumes for it (evictions that take seconds each), while each node's own steps still reach the server in the plan's
+order, each once, and both quarantines complete."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from typing import Any
 import httpx
 
 from collector.wire import to_wire
-from tests.builders import XID79, kernel
+from tests.builders import XID79, container, kernel
 from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer
-from tests.procs import wait_ready, write_kubeconfig
+from tests.procs import kube_serve_env, start_serve, wait_ready, write_kubeconfig
 
 SLOW_S = 0.5
 """How long the server takes for each of the first node's writes after its cordon."""
@@ -105,3 +106,69 @@ def test_a_second_fault_is_cordoned_while_the_first_plans_later_writes_are_still
             firsts = sorted(dict.fromkeys(kinds), key=kinds.index)
             assert firsts == ["cordon", "taint", "label", "condition", "event"], (node, kinds)
             assert kinds.count("cordon") == 1 and kinds.count("event") == 1, (node, kinds)  # each step once
+
+
+EVICT_S = 2.0
+"""How long the server takes for each eviction of the first node's pods: its drain, resumed in a round, takes 6 s."""
+
+
+def test_a_second_fault_is_cordoned_while_the_first_plans_drain_is_still_evicting(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        for i in range(40):  # enough nodes that the breaker lets two quarantines through
+            api.add_node(f"gpu-{i}")
+        api.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+        job = api.add_object("kubeflow.org", "v1", "pytorchjobs", "training", {"metadata": {"name": "llama"}})
+        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama",
+                 "uid": job["metadata"]["uid"], "controller": True}
+        for rank in range(3):  # three of the job's pods on the first node: three slow evictions
+            api.add_pod("training", f"llama-worker-{rank}", node="gpu-1", phase="Running", owners=[owner],
+                        requests={"nvidia.com/gpu": "2"},
+                        labels={"training.kubeflow.org/job-name": "llama", "kmend.io/job": "llama"})
+        seen: list[tuple[str, str, float]] = []
+        lock = threading.Lock()
+        handle = api.handle
+
+        def timed(method: str, path: str, body: Any, ctype: str,
+                  query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+            write = _write_of(method, path, body)
+            if method == "POST" and path.endswith("/eviction"):
+                write = ("gpu-1", "eviction")
+                with lock:
+                    seen.append(("gpu-1", "evicting", time.monotonic()))
+                time.sleep(EVICT_S)
+            code, answer = handle(method, path, body, ctype, query)
+            if write is not None and code < 300:
+                with lock:
+                    seen.append((*write, time.monotonic()))
+            return code, answer
+
+        api.handle = timed  # type: ignore[method-assign]
+        served = start_serve(tmp_path, "serve", {"KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
+                                                 **kube_serve_env(tmp_path, api.url, "t"),
+                                                 "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}"})
+
+        def writes(node: str, what: str) -> list[float]:
+            with lock:
+                return [t for n, w, t in seen if n == node and w == what]
+
+        try:
+            served.wait_ready()
+            with httpx.Client(base_url=served.url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
+                agent.post("/v1/signals", json={"signals": [
+                    to_wire(container("gpu-1", "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
+                    to_wire(kernel("gpu-1", XID79))]}).raise_for_status()
+                _until("the first node's drain evicting", lambda: writes("gpu-1", "evicting"))
+                t0 = time.monotonic()
+                agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
+                cordoned = _until("gpu-2 cordoned", lambda: writes("gpu-2", "cordon"))[0]
+                _until("the drain's three evictions", lambda: len(writes("gpu-1", "eviction")) == 3)
+                _until("gpu-2's quarantine Event", lambda: writes("gpu-2", "event"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nwrites: {seen}\n{served.tail()}") from None
+        finally:
+            served.stop()
+        # On the previous loop the cordon waited for the rest of the resumed drain: at least two more evictions.
+        assert cordoned - t0 < EVICT_S, (cordoned - t0, seen)
+        # The first node's steps stay in order, each once: its quarantine before any eviction, each pod evicted once.
+        assert writes("gpu-1", "event")[0] < writes("gpu-1", "evicting")[0], seen
+        assert len(writes("gpu-1", "evicting")) == 3 and len(writes("gpu-1", "cordon")) == 1, seen

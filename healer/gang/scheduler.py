@@ -107,12 +107,12 @@ class GangScheduler:
         """Start the next cycle now (new work, or shutting down)."""
         self._wake.set()
 
-    def run(self, stop: threading.Event, period_s: float = 1.0) -> None:
+    def run(self, stop: threading.Event, period_s: float = 1.0, cycled: threading.Event | None = None) -> None:
         """Run a cycle when woken (``notice``, ``wake``) or every ``period_s``, until ``stop`` is set.
 
         A failed cycle is logged and retried. The period is the fallback for what no watch reports
         (a port without one, resources freed by a pod that finished): a gang arriving through the
-        watch is placed at once, not at the next tick.
+        watch is placed at once, not at the next tick. ``cycled`` is set after each cycle, failed or not.
         """
         while not stop.is_set():
             woken = self._wake.is_set()
@@ -126,6 +126,8 @@ class GangScheduler:
                 log.warning("gang scheduling cycle failed: %s", exc)
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("gang scheduling cycle crashed")
+            if cycled is not None:
+                cycled.set()
             self._wake.wait(period_s)
 
     def run_once(self, *, woken: bool = False) -> CycleReport:

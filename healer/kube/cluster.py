@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import socket
@@ -110,7 +111,6 @@ class KubeCluster:
     def __init__(self, api: client.ApiClient, *, event_namespace: str = "default",
                  component: str = "kmend", request_timeout_s: float = 10.0, node_cache: bool = False) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
         self.node_cache = node_cache
         """``list_nodes`` answers from a watch-fed cache (one list, then a watch) instead of a list per call."""
         self._nodes: ListWatchCache[NodeInfo] | None = None
@@ -120,6 +120,12 @@ class KubeCluster:
         self.component = component
         self.timeout = request_timeout_s
         self.host = socket.gethostname()
+
+    @functools.cached_property
+    def core(self) -> client.CoreV1Api:
+        """The generated core/v1 API, built on first use: its module alone takes a third of a second to import, and
+        `kmend serve` starts the gang scheduler (which does not need it) before anything here is asked."""
+        return client.CoreV1Api(self.api)
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None, *, in_cluster: bool = False,

@@ -1,71 +1,77 @@
-"""KubeLeases: the Leases port on coordination.k8s.io/v1, through the official client.
+"""KubeLeases: the Leases port on coordination.k8s.io/v1, with plain dicts through ``healer.kube.rest``.
 
 A replace carries the resourceVersion last read; the API server answers 409 when another replica wrote
-in between — the elector reads that as leadership lost.
+in between — the elector reads that as leadership lost. The Lease is the first thing `kmend serve` asks of a real
+cluster, before the gang scheduler may act: it goes without the generated API classes and models (their import and
+pydantic validators cost more than the requests).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
-from kubernetes import client
+from kubernetes.client.api_client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from healer.kube.cluster import STRICT, translate
+from healer.kube.rest import Rest, path
 from healer.lease import LeaseConflict, LeaseRecord
 
 
-class MicroTime(dt.datetime):
-    """A datetime the client writes with six fractional digits, even when they are all zero.
+def micro_time(ts: float) -> str:
+    """``acquireTime``/``renewTime`` as MicroTime: six fractional digits, always.
 
-    ``acquireTime``/``renewTime`` are MicroTime, which the API server parses as
-    ``2006-01-02T15:04:05.000000Z07:00`` only; the client's ``isoformat()`` drops a zero fraction, so a
-    renewal on a whole second would be refused with 400.
+    The API server parses MicroTime as ``2006-01-02T15:04:05.000000Z07:00`` only, so a time on a whole second
+    written without its fraction would be refused with 400.
     """
-
-    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
-        return super().isoformat(sep, "microseconds")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _time(ts: float) -> dt.datetime:
-    return MicroTime.fromtimestamp(ts, dt.UTC)
+def _seconds(text: str | None) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else 0.0
 
 
 class KubeLeases:
     """Leases port on the Kubernetes API."""
 
-    def __init__(self, api: client.ApiClient, *, request_timeout_s: float = 5.0) -> None:
-        self.coordination = client.CoordinationV1Api(api)
+    def __init__(self, api: ApiClient, *, request_timeout_s: float = 5.0) -> None:
+        self.rest = Rest(api)
         self.timeout = request_timeout_s
 
     def get(self, namespace: str, name: str) -> LeaseRecord | None:
         try:
-            return self._record(self.coordination.read_namespaced_lease(name, namespace,
-                                                                        _request_timeout=self.timeout))
+            return self._record(json.loads(self.rest.call("GET", self._path(namespace, name), timeout=self.timeout)))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise translate(exc) from exc
+        except OSError as exc:
+            raise translate(exc) from exc
 
     def create(self, lease: LeaseRecord) -> LeaseRecord:
-        return self._write(lambda body: self.coordination.create_namespaced_lease(
-            lease.namespace, body, field_validation=STRICT, _request_timeout=self.timeout), lease)
+        return self._write("POST", self._path(lease.namespace), lease)
 
     def update(self, lease: LeaseRecord) -> LeaseRecord:
-        return self._write(lambda body: self.coordination.replace_namespaced_lease(
-            lease.name, lease.namespace, body, field_validation=STRICT, _request_timeout=self.timeout), lease)
+        return self._write("PUT", self._path(lease.namespace, lease.name), lease)
 
-    def _write(self, fn: Any, lease: LeaseRecord) -> LeaseRecord:
-        body = client.V1Lease(
-            metadata=client.V1ObjectMeta(name=lease.name, namespace=lease.namespace,
-                                         resource_version=lease.resource_version or None),
-            spec=client.V1LeaseSpec(holder_identity=lease.holder or None,
-                                    lease_duration_seconds=lease.duration_s,
-                                    acquire_time=_time(lease.acquire_time), renew_time=_time(lease.renew_time),
-                                    lease_transitions=lease.transitions))
+    @staticmethod
+    def _path(namespace: str, *name: str) -> str:
+        return path("apis", "coordination.k8s.io", "v1", "namespaces", namespace, "leases", *name)
+
+    def _write(self, method: str, where: str, lease: LeaseRecord) -> LeaseRecord:
+        meta: dict[str, Any] = {"name": lease.name, "namespace": lease.namespace}
+        if lease.resource_version:
+            meta["resourceVersion"] = lease.resource_version
+        spec: dict[str, Any] = {"leaseDurationSeconds": lease.duration_s, "acquireTime": micro_time(lease.acquire_time),
+                                "renewTime": micro_time(lease.renew_time), "leaseTransitions": lease.transitions}
+        if lease.holder:
+            spec["holderIdentity"] = lease.holder
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
         try:
-            return self._record(fn(body))
+            return self._record(json.loads(self.rest.call(method, where, query={"fieldValidation": STRICT}, body=body,
+                                                          timeout=self.timeout)))
         except ApiException as exc:
             if exc.status == 409:
                 raise LeaseConflict(f"409 Conflict: lease {lease.namespace}/{lease.name}: {exc.reason}") from exc
@@ -74,12 +80,11 @@ class KubeLeases:
             raise translate(exc) from exc
 
     @staticmethod
-    def _record(obj: Any) -> LeaseRecord:
-        spec = obj.spec
+    def _record(obj: dict[str, Any]) -> LeaseRecord:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         return LeaseRecord(
-            name=obj.metadata.name, namespace=obj.metadata.namespace, holder=spec.holder_identity or "",
-            duration_s=int(spec.lease_duration_seconds or 15),
-            renew_time=spec.renew_time.timestamp() if spec.renew_time else 0.0,
-            acquire_time=spec.acquire_time.timestamp() if spec.acquire_time else 0.0,
-            transitions=int(spec.lease_transitions or 0), resource_version=obj.metadata.resource_version or "",
+            name=meta.get("name", ""), namespace=meta.get("namespace", ""), holder=spec.get("holderIdentity") or "",
+            duration_s=int(spec.get("leaseDurationSeconds") or 15), renew_time=_seconds(spec.get("renewTime")),
+            acquire_time=_seconds(spec.get("acquireTime")), transitions=int(spec.get("leaseTransitions") or 0),
+            resource_version=meta.get("resourceVersion") or "",
         )

@@ -1,8 +1,9 @@
 """KubePodScheduling: the PodScheduling port over the official ``kubernetes`` client.
 
-Lists are read raw (``_preload_content=False``) and parsed as JSON: deserialising tens of thousands
-of pods into client models costs seconds per cycle, and the Binding response is never deserialised
-at all (the client's V1Binding model rejects what the API server returns).
+Every request goes through ``healer.kube.rest`` with plain dicts: the generated ``CoreV1Api`` takes a third of a
+second to import and checks every call with pydantic, and deserialising tens of thousands of pods into client
+models costs seconds per cycle; the Binding response is never deserialised at all (the client's V1Binding model
+rejects what the API server returns).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes import client
 from kubernetes import config as kube_config
+from kubernetes.client.api_client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from healer.cluster import ClusterError, NotFoundError, PermanentError, Taint, TemporaryError
@@ -43,6 +44,7 @@ from healer.gang.records import (
 )
 from healer.kube.cache import ListWatchCache
 from healer.kube.cluster import STRICT
+from healer.kube.rest import MERGE_PATCH, Rest, path
 from healer.kube.watch import PodInformer
 from healer.workloads import PodInfo
 
@@ -50,6 +52,11 @@ REASON_ANNOTATION = "kmend.io/schedule-reason"
 """PodGroup annotation holding kmend's reason (coscheduling's status schema has no message field)."""
 SCHEDULED_ANNOTATION = "kmend.io/scheduled-members"
 """Coscheduling PodGroup annotation holding the members kmend has bound (its status schema has no such count)."""
+
+PODS_PATH = "/api/v1/pods"
+"""Pods of every namespace."""
+NODES_PATH = "/api/v1/nodes"
+"""Nodes."""
 
 _GROUP_APIS = {PodGroupKind.COSCHEDULING: ("scheduling.x-k8s.io", "v1alpha1"),
                PodGroupKind.VOLCANO: ("scheduling.volcano.sh", "v1beta1")}
@@ -179,11 +186,10 @@ def _group_record(obj: Json, *, kind: PodGroupKind) -> PodGroupRecord:
 class KubePodScheduling:
     """PodScheduling against a real API server; see the Protocol for the guarantees."""
 
-    def __init__(self, api: client.ApiClient, *, clock: Callable[[], float], component: str = "kmend",
+    def __init__(self, api: ApiClient, *, clock: Callable[[], float], component: str = "kmend",
                  page_size: int = 1000, timeout_s: float = 30.0, watch_read_timeout_s: float = 10.0,
                  watch_timeout_s: int = 300) -> None:
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
+        self.rest = Rest(api)
         self.clock = clock
         self.component = component
         self.page_size = page_size
@@ -203,26 +209,28 @@ class KubePodScheduling:
     @classmethod
     def from_kubeconfig(cls, path: str, *, clock: Callable[[], float], **kw: Any) -> KubePodScheduling:
         """An adapter for the cluster a kubeconfig file names."""
-        load: Callable[..., client.ApiClient] = kube_config.new_client_from_config
+        load: Callable[..., ApiClient] = kube_config.new_client_from_config
         return cls(load(config_file=path), clock=clock, **kw)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         try:
-            return fn(*args, _request_timeout=self.timeout_s, **kw)
+            return fn(*args, **kw)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise map_error(exc) from exc
 
-    def _write(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> None:
-        """A write whose answer kmend does not need: read raw and to the end, so that the connection goes
-        back to the pool (an unread response keeps it, and the next request pays a new connection: a TLS
-        handshake on a real server)."""
-        resp = self._call(fn, *args, _preload_content=False, **kw)
-        resp.data  # noqa: B018 - reading the body releases the connection
+    def _write(self, method: str, url_path: str, body: Json | None, *, content_type: str | None = None,
+               strict: bool = True) -> None:
+        """A write whose answer kmend does not need, read to the end so that the connection goes back to the pool
+        (an unread response keeps it, and the next request pays a new connection: a TLS handshake on a real
+        server). ``strict``: the server refuses a field it does not know instead of dropping it."""
+        query = {"fieldValidation": STRICT} if strict else None
+        self._call(self.rest.call, method, url_path, query=query, body=body, content_type=content_type,
+                   timeout=self.timeout_s)
 
     def _pages(self, fn: Callable[..., Any], **kw: Any) -> Iterator[Json]:
         token: str | None = None
         while True:
-            resp = self._call(fn, limit=self.page_size, _continue=token, _preload_content=False, **kw)
+            resp = self._call(fn, limit=self.page_size, _continue=token, _request_timeout=self.timeout_s, **kw)
             body = json.loads(resp.data)
             yield from body.get("items") or ()
             token = (body.get("metadata") or {}).get("continue")
@@ -232,23 +240,22 @@ class KubePodScheduling:
     def list_pending(self, scheduler_name: str) -> Sequence[PodRecord]:
         """Pods for ``scheduler_name`` with no node, not terminating and not finished."""
         selector = f"spec.schedulerName={scheduler_name},spec.nodeName="
-        pods = (pod_record(o) for o in self._pages(self.core.list_pod_for_all_namespaces,
-                                                   field_selector=selector))
+        pods = (pod_record(o) for o in self._pages(self.rest.lister(PODS_PATH), field_selector=selector))
         return [p for p in pods if not p.terminating and not p.finished]
 
     def snapshot(self) -> Snapshot:
         """Nodes, pods that are not finished, and PodGroups of both APIs (an absent CRD gives none)."""
-        nodes = tuple(node_record(o) for o in self._pages(self.core.list_node))
+        nodes = tuple(node_record(o) for o in self._pages(self.rest.lister(NODES_PATH)))
         running = "status.phase!=Succeeded,status.phase!=Failed"
-        pods = tuple(pod_record(o) for o in self._pages(self.core.list_pod_for_all_namespaces,
-                                                        field_selector=running))
+        pods = tuple(pod_record(o) for o in self._pages(self.rest.lister(PODS_PATH), field_selector=running))
         return Snapshot(nodes, pods, self._pod_groups())
 
     def _pod_groups(self) -> tuple[PodGroupRecord, ...]:
         groups: list[PodGroupRecord] = []
         for kind, (group, version) in _GROUP_APIS.items():
             try:
-                body = self._call(self.custom.list_cluster_custom_object, group, version, "podgroups")
+                body = json.loads(self._call(self.rest.call, "GET", path("apis", group, version, "podgroups"),
+                                             timeout=self.timeout_s))
             except NotFoundError:
                 continue
             groups.extend(pod_group_record(o, kind) for o in body.get("items") or ())
@@ -275,20 +282,21 @@ class KubePodScheduling:
         ago may show in the next call rather than this one.
         """
         if self._informer is None:
-            informer = PodInformer(self.core, pod_record, page_size=self.page_size, timeout_s=self.timeout_s,
-                                   on_change=self._changed, **self._watch_options)
+            informer = PodInformer(self.rest.lister(PODS_PATH), pod_record, page_size=self.page_size,
+                                   timeout_s=self.timeout_s, on_change=self._changed, **self._watch_options)
             try:
                 informer.start()
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 raise map_error(exc) from exc
             self._informer = informer
         if self._nodes is None:
-            self._nodes = self._cache("node", self.core.list_node, node_record)
+            self._nodes = self._cache("node", self.rest.lister(NODES_PATH), node_record)
         if not self._groups:
             for kind, (group, version) in _GROUP_APIS.items():
-                self._groups.append(self._cache(f"podgroup.{group}", self.custom.list_cluster_custom_object,
+                self._groups.append(self._cache(f"podgroup.{group}",
+                                                self.rest.lister(path("apis", group, version, "podgroups")),
                                                 functools.partial(_group_record, kind=kind),
-                                                (group, version, "podgroups"), on_change=self._groups_changed))
+                                                on_change=self._groups_changed))
         drained = self._informer.drain(everything=cursor != self._cursor)
         self._reads += 1
         self._cursor = f"{id(self._informer):x}.{self._reads}"
@@ -325,32 +333,33 @@ class KubePodScheduling:
 
     def bind(self, pod: PodRecord, node: str) -> None:
         """POST pods/{name}/binding with the pod's UID as precondition."""
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.name, uid=pod.uid or None),
-                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        self._write(self.core.create_namespaced_pod_binding, pod.name, pod.namespace, body, field_validation=STRICT)
+        meta: Json = {"name": pod.name, **({"uid": pod.uid} if pod.uid else {})}
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self._write("POST", path("api", "v1", "namespaces", pod.namespace, "pods", pod.name, "binding"), body)
 
     def delete_pod(self, pod: PodRecord) -> None:
         """DELETE with a UID precondition: a missing or already recreated pod counts as released."""
-        options = (client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=pod.uid))
+        options = ({"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": pod.uid}}
                    if pod.uid else None)
         try:
-            self._write(self.core.delete_namespaced_pod, pod.name, pod.namespace, body=options)
+            self._write("DELETE", path("api", "v1", "namespaces", pod.namespace, "pods", pod.name), options,
+                        strict=False)
         except (NotFoundError, ConflictError):
             return
 
     def emit_event(self, ref: ObjectRef, reason: str, message: str, type: str = "Normal") -> None:
         """A core/v1 Event about ``ref``, from this component."""
-        now = datetime.fromtimestamp(self.clock(), tz=UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{ref.name}.{int(self.clock() * 1e9):x}",
-                                         namespace=ref.namespace),
-            involved_object=client.V1ObjectReference(kind=ref.kind, namespace=ref.namespace, name=ref.name,
-                                                     uid=ref.uid or None, api_version=ref.api_version),
-            reason=reason, message=message[:1024], type=type, count=1,
-            first_timestamp=now, last_timestamp=now,
-            source=client.V1EventSource(component=self.component), reporting_component=self.component)
+        now = datetime.fromtimestamp(self.clock(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        involved: Json = {"kind": ref.kind, "namespace": ref.namespace, "name": ref.name,
+                          "apiVersion": ref.api_version, **({"uid": ref.uid} if ref.uid else {})}
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"name": f"{ref.name}.{int(self.clock() * 1e9):x}", "namespace": ref.namespace},
+                 "involvedObject": involved, "reason": reason, "message": message[:1024], "type": type, "count": 1,
+                 "firstTimestamp": now, "lastTimestamp": now, "source": {"component": self.component},
+                 "reportingComponent": self.component}
         try:
-            self._write(self.core.create_namespaced_event, ref.namespace, event, field_validation=STRICT)
+            self._write("POST", path("api", "v1", "namespaces", ref.namespace, "events"), event)
         except NotFoundError:
             return
 
@@ -370,9 +379,8 @@ class KubePodScheduling:
             annotations[SCHEDULED_ANNOTATION] = str(status.scheduled)
         try:
             # Strict: a field the CRD does not declare is refused, not silently pruned.
-            self._call(self.custom.patch_namespaced_custom_object_status, group, version, namespace,
-                       "podgroups", name, body, field_validation=STRICT)
-            self._call(self.custom.patch_namespaced_custom_object, group, version, namespace,
-                       "podgroups", name, {"metadata": {"annotations": annotations}}, field_validation=STRICT)
+            where = path("apis", group, version, "namespaces", namespace, "podgroups", name)
+            self._write("PATCH", where + "/status", body, content_type=MERGE_PATCH)
+            self._write("PATCH", where, {"metadata": {"annotations": annotations}}, content_type=MERGE_PATCH)
         except NotFoundError:
             return

@@ -16,8 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client
-
 from healer.gang.port import PodKey
 from healer.gang.records import PodRecord
 from healer.kube.cache import Key, ListWatchCache
@@ -76,10 +74,11 @@ class PodInformer:
 
     ``start`` lists synchronously (raising the client's errors), so the first drain is complete;
     ``stop`` ends the thread within ``read_timeout_s``. Between the two the thread never gives up:
-    errors are logged and the watch (or the list) is tried again after ``retry_s``.
+    errors are logged and the watch (or the list) is tried again after ``retry_s``. ``list_pods`` is the list call
+    of pods of every namespace, with the generated client's keywords (``Rest.lister``).
     """
 
-    def __init__(self, core: client.CoreV1Api, record: Callable[[Json], PodRecord], *, page_size: int = 1000,
+    def __init__(self, list_pods: Callable[..., Any], record: Callable[[Json], PodRecord], *, page_size: int = 1000,
                  timeout_s: float = 30.0, watch_timeout_s: int = 300, read_timeout_s: float = 10.0,
                  retry_s: float = 1.0, on_change: Callable[[PodRecord], None] | None = None) -> None:
         self.on_change = on_change
@@ -89,7 +88,7 @@ class PodInformer:
         self._by_node: dict[str, set[Key]] = {}
         self._node_of: dict[Key, str] = {}
         self.cache: ListWatchCache[WatchedPod] = ListWatchCache(
-            "pod", core.list_pod_for_all_namespaces, watched_pod(record), page_size=page_size, timeout_s=timeout_s,
+            "pod", list_pods, watched_pod(record), page_size=page_size, timeout_s=timeout_s,
             watch_timeout_s=watch_timeout_s, read_timeout_s=read_timeout_s, retry_s=retry_s,
             on_object=self._changed, on_listed=self._listed, on_applied=self._applied)
 
