@@ -61,7 +61,9 @@ def test_the_gang_schedulers_cycles_list_podgroups_once_and_follow_them_through_
         for _ in range(40):  # forty scheduling cycles
             assert groups() == {"team-a/train": 4}
         assert _group_lists(api) == {COSCHEDULING[0]: 1, VOLCANO[0]: 1}
-        assert ("WATCH", f"/apis/{COSCHEDULING[0]}/{COSCHEDULING[1]}/podgroups") in api.requests
+        # The watch follows the list on the informer's own thread: wait for it rather than read once.
+        _until("the PodGroup watch", lambda: (
+            "WATCH", f"/apis/{COSCHEDULING[0]}/{COSCHEDULING[1]}/podgroups") in api.requests)
 
         api.add_custom(*COSCHEDULING, "team-b", "eval", {"minMember": 2})
         _until("the new PodGroup seen", lambda: groups() == {"team-a/train": 4, "team-b/eval": 2})
