@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +184,12 @@ class ProcessFinder:
                 return None
         return pod_identity(pod, labels, job=self.job)[0]
 
+    def _stats(self) -> Iterator[tuple[str, Path, ProcStat]]:
+        """Each process directory under the proc root with its stat (those gone meanwhile left out)."""
+        for entry in os.listdir(self.proc_root):
+            if entry.isdigit() and (st := read_stat(proc := self.proc_root / entry)) is not None:
+                yield entry, proc, st
+
     def occupancy(self) -> Occupancy:
         """The pods and job names of every process on the node, by the rules `find` names a rank's job with."""
         uids: set[str] = set()
@@ -191,13 +197,10 @@ class ProcessFinder:
         names: set[str] = set()
         complete = True
         live: set[tuple[int, int, str]] = set()
-        for entry in os.listdir(self.proc_root):
-            if not entry.isdigit():
-                continue
-            proc = self.proc_root / entry
-            st = read_stat(proc)
-            # Kernel threads run no program; PID 1 of the host's namespace is its init, in no pod.
-            if st is None or st.kernel_thread or entry == "1":
+        for entry, proc, st in self._stats():
+            # Kernel threads run no program; PID 1 of the host's namespace is its init, in no pod; a zombie (or a
+            # process being reaped) runs nothing, and its environment can no longer be read.
+            if st.kernel_thread or entry == "1" or st.state in ("Z", "X"):
                 continue
             key = (int(entry), st.started, st.comm)
             live.add(key)
@@ -221,13 +224,7 @@ class ProcessFinder:
         """The topmost process of each rank (a DataLoader worker shares its parent's ``RANK``)."""
         found: dict[int, tuple[int, Mapping[str, str], Path, ProcStat]] = {}
         live: set[tuple[int, int, str]] = set()
-        for entry in os.listdir(self.proc_root):
-            if not entry.isdigit():
-                continue
-            proc = self.proc_root / entry
-            st = read_stat(proc)
-            if st is None:
-                continue
+        for entry, proc, st in self._stats():
             key = (int(entry), st.started, st.comm)
             live.add(key)
             if key not in self._seen:

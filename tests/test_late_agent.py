@@ -84,9 +84,10 @@ def _hangs(signals: list[Signal]) -> list[Finding]:
 
 @pytest.fixture
 def pod_process() -> Iterator[subprocess.Popen[bytes]]:
-    """A process of pod ``ddp-worker-1`` (its HOSTNAME), still on the node."""
+    """A process of pod ``held-worker-1`` (its HOSTNAME), still on the node. (A name no other test's pod has: the
+    agent looks at every process on the host, tests running beside this one included.)"""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                         env={**os.environ, "HOSTNAME": "ddp-worker-1"})
+                         env={**os.environ, "HOSTNAME": "held-worker-1"})
     yield p
     p.kill()
     p.wait()
@@ -100,9 +101,9 @@ needs_host = pytest.mark.skipif(not host_view(Path("/proc")), reason="this /proc
 def test_pods_that_ended_before_the_agent_started_have_their_ranks_exit_and_raise_no_hang(
         tmp_path: Path, steps: int) -> None:
     for r in range(2):
-        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, steps + 1))
+        _write_log(tmp_path / "pods", f"late-worker-{r}", UIDS[r], range(1, steps + 1))
     signals = _poll(_settings(tmp_path))
-    assert _exits(signals) == [("ddp", 0), ("ddp", 1)]
+    assert _exits(signals) == [("late", 0), ("late", 1)]
     # Each rank's exit follows its steps (the service keeps no exit of a rank it has not seen).
     kinds = [(s.payload.rank, s.payload.event) for s in signals if isinstance(s.payload, ProgressSample)]
     assert all(kinds.index((r, "step")) < kinds.index((r, "exit")) for r in range(2)), kinds
@@ -116,16 +117,16 @@ def test_a_pod_whose_process_is_still_there_is_not_told_and_its_job_is_a_hang(
         tmp_path: Path, pod_process: subprocess.Popen[bytes]) -> None:
     # Rank 1's process is still on the node (stopped or blocked: its log says nothing new): the job is stuck.
     for r in range(2):
-        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, 41))
+        _write_log(tmp_path / "pods", f"held-worker-{r}", UIDS[r], range(1, 41))
     finder = ProcessFinder(pods_root=tmp_path / "pods")
     deadline = time.monotonic() + 30
-    while "ddp-worker-1" not in finder.occupancy().hostnames:  # until it has exec'd
+    while "held-worker-1" not in finder.occupancy().hostnames:  # until it has exec'd
         assert pod_process.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     signals = _poll(_settings(tmp_path))
-    assert _exits(signals) == [("ddp", 0)]
+    assert _exits(signals) == [("held", 0)]
     [hang] = _hangs(signals)
-    assert hang.where.job == "ddp"
+    assert hang.where.job == "held"
 
 
 @needs_host
@@ -135,16 +136,16 @@ def test_a_log_written_since_the_agent_started_is_not_told(tmp_path: Path) -> No
     # "Just before": stamped a few seconds ahead, so that it is still recent at the agent's first look however
     # long the agent takes to start on a loaded machine.
     for r, age in ((0, -5.0), (1, 60.0), (2, -5.0)):
-        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, 41), age_s=age)
+        _write_log(tmp_path / "pods", f"late-worker-{r}", UIDS[r], range(1, 41), age_s=age)
 
     def grow(i: int) -> None:
         if i == 1:
-            _write_log(tmp_path / "pods", "ddp-worker-0", UIDS[0], range(41, 43), age_s=0.0)
+            _write_log(tmp_path / "pods", "late-worker-0", UIDS[0], range(41, 43), age_s=0.0)
         if i:
             time.sleep(1.1)  # the process source's next look
 
     signals = _poll(_settings(tmp_path), polls=3, between=grow)
-    assert _exits(signals) == [("ddp", 1), ("ddp", 2)]
+    assert _exits(signals) == [("late", 1), ("late", 2)]
 
 
 def test_a_proc_that_is_not_the_hosts_tells_nothing(tmp_path: Path) -> None:
@@ -154,7 +155,7 @@ def test_a_proc_that_is_not_the_hosts_tells_nothing(tmp_path: Path) -> None:
     (own / "1" / "stat").write_text("1 (kmend) S 0 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 25 0 0\n")
     assert not host_view(own)
     for r in range(2):
-        _write_log(tmp_path / "pods", f"ddp-worker-{r}", UIDS[r], range(1, 41))
+        _write_log(tmp_path / "pods", f"late-worker-{r}", UIDS[r], range(1, 41))
     assert _exits(_poll(_settings(tmp_path, proc_root=own))) == []
 
 
@@ -173,3 +174,19 @@ def test_a_rank_heard_of_after_the_others_exited_reopens_the_job() -> None:
     assert hang.where.job == "ddp"
     suite.observe([Signal("n2/exit", "n2", Source.PROGRESS, now + 2, ProgressSample("ddp", 1, 0, event="exit"))])
     assert suite.book.jobs["ddp"].finished
+
+
+@needs_host
+def test_a_zombie_on_the_node_leaves_the_view_complete(tmp_path: Path) -> None:
+    # Nodes often carry a defunct process nobody reaped: it runs nothing, and its environment cannot be read.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert ProcessFinder(pods_root=tmp_path / "pods").occupancy().complete
+    finally:
+        os.waitpid(pid, 0)

@@ -123,7 +123,7 @@ def _assert_stopped_rank_named(hang: dict[str, Any], rank: int) -> None:
 
 def test_plain_ddp_blocked_rank_is_named(kmend: Kmend) -> None:
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "20"}
-    job = Job(kmend.pods, "ddp-hang", "plain_ddp.py", steps=100_000, world=3, fault=fault)
+    job = Job(kmend.pods, "ddp-named", "plain_ddp.py", steps=100_000, world=3, fault=fault)
     try:
         incs = kmend.wait_for(_hang_with_stacks, 60)
         found = time.time()
@@ -205,7 +205,7 @@ def test_hf_trainer_blocked_rank_is_a_hang(kmend: Kmend) -> None:
 def test_hf_trainer_blocked_rank_is_named(kmend: Kmend) -> None:
     # Only the main process prints progress: rank 1 is known from its process alone.
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5"}
-    job = Job(kmend.pods, "gpt2-hang", "hf_trainer.py", steps=100_000, world=2, fault=fault)
+    job = Job(kmend.pods, "gpt2-named", "hf_trainer.py", steps=100_000, world=2, fault=fault)
     try:
         incs = kmend.wait_for(_hang_with_stacks, 100)
         found = time.time()
