@@ -20,7 +20,7 @@ CORPUS = Path(__file__).parent / "corpus"
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
     "dev": {"class_accuracy": 0.982, "hardware_accuracy": 0.983, "action_accuracy": 0.982},
-    "heldout": {"class_accuracy": 0.841, "hardware_accuracy": 0.851, "action_accuracy": 0.848},
+    "heldout": {"class_accuracy": 0.837, "hardware_accuracy": 0.846, "action_accuracy": 0.844},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
@@ -35,7 +35,7 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 1015
+    assert len(entries) >= 1017
     assert sum(e.benign for e in entries) >= 156
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
