@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -20,12 +21,18 @@ from collector.exposition import exposition_samples, gpu_labels
 from collector.signal import MetricSample, Signal, Source
 
 _EXPOSITION_START = ("# HELP ", "# TYPE ", "DCGM_", "nvml_", "ib_")
+# A sample line: a metric name, optional labels, then a value. A log line that merely opens with
+# one of the prefixes above (UCX's "ib_mlx5_log.c:139  Transport retry ...") is not a scrape.
+_SAMPLE_LINE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{[^}\n]*\})?"
+                          r"(?:[ \t]+[-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|NaN|Inf)(?:[ \t]+-?[0-9]+)?)?[ \t]*")
 
 
 def looks_like_scrape(name: str, texts: Sequence[str]) -> bool:
     """A Prometheus text scrape: a ``.prom`` file, or one that opens like exporter output."""
     first = next((t for t in texts if t.strip()), "")
-    return name.endswith(".prom") or first.startswith(_EXPOSITION_START)
+    if name.endswith(".prom") or first.startswith(("# HELP ", "# TYPE ")):
+        return True
+    return first.startswith(_EXPOSITION_START) and _SAMPLE_LINE.fullmatch(first.strip()) is not None
 
 
 def _source(name: str) -> Source:

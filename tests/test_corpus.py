@@ -19,10 +19,14 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.979, "hardware_accuracy": 0.981, "action_accuracy": 0.979},
-    "heldout": {"class_accuracy": 0.856, "hardware_accuracy": 0.871, "action_accuracy": 0.859},
+    "dev": {"class_accuracy": 0.982, "hardware_accuracy": 0.983, "action_accuracy": 0.982},
+    "heldout": {"class_accuracy": 0.837, "hardware_accuracy": 0.846, "action_accuracy": 0.844},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
+# New threads are harder than the old on average, so the whole held-out half can sit lower after a
+# round that adds many; the excerpts that were already there must not lose ground.
+LATEST_ROUND = "round9-mixed.yaml"
+EARLIER_HELDOUT_FLOORS = {"class_accuracy": 0.867, "hardware_accuracy": 0.885, "action_accuracy": 0.870}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +35,8 @@ def entries() -> list[CorpusEntry]:
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
-    assert len(entries) >= 897
-    assert sum(e.benign for e in entries) >= 147
+    assert len(entries) >= 1017
+    assert sum(e.benign for e in entries) >= 156
     assert len({e.id for e in entries}) == len(entries)
     # The same lines twice (one thread collected twice) would count one excerpt double.
     assert len({e.text.strip() for e in entries}) == len(entries)
@@ -86,7 +90,11 @@ def test_no_rule_learns_from_a_held_out_line(entries: list[CorpusEntry]) -> None
 
 
 def test_both_halves_reach_the_stated_floors(entries: list[CorpusEntry]) -> None:
-    result = report(run_entries(entries, [Path(__file__).parent.parent / "rules"]), "all")
+    outcomes = run_entries(entries, [Path(__file__).parent.parent / "rules"])
+    result = report(outcomes, "all")
+    earlier = report([o for o in outcomes if Path(o.entry.file).name != LATEST_ROUND], "heldout")
+    for key, floor in EARLIER_HELDOUT_FLOORS.items():
+        assert earlier["heldout"][key] >= floor, ("earlier heldout", key, earlier["heldout"][key])
     for half, floors in FLOORS.items():
         for key, floor in floors.items():
             assert result[half][key] >= floor, (half, key, result[half][key])
