@@ -1,5 +1,10 @@
 """Retention: how long each table keeps its rows, and the pruning that enforces it in small transactions.
 
+Pruning rests between its transactions as long as each one took (at least `REST_S`): a backlog (the first
+prune after a restart or an upgrade) never holds SQLite's single write lock for long, and a group commit
+waiting in SQLite's busy handler, which polls at up to 100 ms steps, finds the lock free before the next
+chunk takes it again.
+
 Every table is bounded. Log lines, finished incidents with their findings, finished plans with their
 steps, the audit log and answered node requests age out after their own time (0 keeps them for
 ever); the breaker and the leases seen hold one row per name. Times written by senders (log lines,
@@ -9,6 +14,8 @@ trace is not emptied by today's clock; times the service wrote are aged against 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import Column, ColumnElement, Engine, Table, delete, func, select
@@ -17,6 +24,8 @@ from healer.records import FINAL_PLAN_STATES
 from kmend.store import schema
 
 DAY = 86400.0
+REST_S = 0.1
+"""Least rest between two pruning transactions: longer than the busy handler's longest poll step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +51,17 @@ def _newest(engine: Engine, ts: Column[float]) -> float | None:
 
 
 def _drop_before(engine: Engine, table: Table, ts: Column[float], cut: float, chunk: int,
-                 where: ColumnElement[bool] | None = None, child: Column[str] | None = None) -> tuple[int, int]:
+                 where: ColumnElement[bool] | None = None, child: Column[str] | None = None,
+                 rest: Callable[[float], None] = time.sleep) -> tuple[int, int]:
     """Delete `table`'s rows with `ts` < `cut` (and `where`), `chunk` at a time, rows of `child` pointing at them
-    first; returns (rows, child rows) deleted."""
+    first, resting between chunks; returns (rows, child rows) deleted."""
     rows = children = 0
     key = table.c.id
+    took = 0.0
     while True:
+        if took:
+            rest(max(REST_S, took))  # the writers waiting for the lock go first
+        began = time.monotonic()
         q = select(key).where(ts < cut).limit(chunk)
         if where is not None:
             q = q.where(where)
@@ -60,10 +74,11 @@ def _drop_before(engine: Engine, table: Table, ts: Column[float], cut: float, ch
             rows += conn.execute(delete(table).where(key.in_(ids))).rowcount
         if len(ids) < chunk:
             break
+        took = time.monotonic() - began
     return rows, children
 
 
-def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 5000) -> dict[str, int]:
+def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 1000) -> dict[str, int]:
     """Delete what is past its retention, `chunk` rows per transaction; returns rows deleted per table."""
     out: dict[str, int] = {}
     sig, inc, fnd, plans, steps = schema.signals, schema.incidents, schema.findings, schema.plans, schema.steps
