@@ -45,6 +45,18 @@ _RETRY_LATER = frozenset({401, 403, 408, 429})
 """4xx answers that change without the batch changing: token fixed, timeout, rate limit."""
 
 
+MAX_RETRY_AFTER_S = 300.0
+"""The longest Retry-After honoured (a larger one is cut to this)."""
+
+
+def _retry_after(resp: httpx.Response) -> float:
+    """The answer's Retry-After in seconds (0 when absent, or not a number of seconds)."""
+    try:
+        return max(0.0, float(resp.headers.get("retry-after", "0")))
+    except ValueError:
+        return 0.0
+
+
 def _wire(sig: Signal) -> dict[str, Any]:
     out = to_wire(sig)
     text = out["payload"].get("text")
@@ -90,6 +102,7 @@ class Shipper:
         service tells a replayed batch in O(1) and keeps no row per signal."""
         self._seq = 0
         self._maybe_taken = False
+        self._retry_after = 0.0
         self.spool = spool
         self.metrics = metrics
         self.clock = clock
@@ -108,6 +121,7 @@ class Shipper:
 
     def _post(self, body: bytes) -> Outcome:
         self._maybe_taken = False
+        self._retry_after = 0.0
         try:
             resp = self._client.post(self.url, content=body, headers=self._headers)
         except httpx.HTTPError as exc:
@@ -124,6 +138,7 @@ class Shipper:
         # 401/403 too: a wrong token is fixed by an operator, and the spool waits for it.
         log.warning("service answered %s; spooling", resp.status_code)
         self._maybe_taken = resp.status_code >= 500
+        self._retry_after = _retry_after(resp)
         return Outcome.UNAVAILABLE
 
     def _failed(self) -> None:
@@ -133,7 +148,8 @@ class Shipper:
                      self.url, self.spool.signals)
         self.metrics.ship_errors.inc()
         self._backoff = min(self.max_backoff, self._backoff * 2 if self._backoff else 1.0)
-        self._retry_at = self.clock() + self._backoff
+        # A busy service says when to come back (Retry-After); a shorter backoff of ours would only queue again.
+        self._retry_at = self.clock() + max(self._backoff, min(self._retry_after, MAX_RETRY_AFTER_S))
 
     def _ok(self) -> None:
         if self._outage_since is not None:

@@ -21,6 +21,7 @@ from kmend.store import IngestOutcome
 from kmend.store.group import GroupWriter, WriteSet
 from kmend.store.retry import retrying
 from kmend.store.rows import kept
+from kmend.turnstile import Turnstile
 
 if TYPE_CHECKING:
     from kmend.service import Kmend
@@ -50,6 +51,8 @@ class GroupedIngest:
         """Orders and commits the write sets."""
         self.claims: dict[str, tuple[int, int]] = {}
         """Per producer, the last batch number analysed here and its write ticket (a replay in flight waits on it)."""
+        self.turnstile = Turnstile()
+        """Orders the batches' analysis first come, first served; tells how long a new batch would wait."""
 
     def recover(self) -> None:
         """After a failed group commit (call under the lock): rebuild from the store, then write again."""
@@ -84,7 +87,7 @@ class GroupedIngest:
                 first.setdefault(s.id, s)
             unique = list(first.values())
         producer, seq = origin
-        with k._lock:
+        with self.turnstile.turn(), k._lock:  # batches in arrival order: none waits behind later ones
             self.recover()
             claim = self.claims.get(producer)
             if claim is None:

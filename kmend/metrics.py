@@ -20,6 +20,9 @@ class Metrics:
                                   "Signals ignored because their id was already stored", registry=r)
         self.rejected = Counter("kmend_ingest_rejected_batches_total", "Batches rejected whole as malformed",
                                 registry=r)
+        self.busy = Counter("kmend_ingest_busy_batches_total",
+                            "Batches answered 503 (retry later): they would have waited past KMEND_INGEST_QUEUE_S",
+                            registry=r)
         self.detector_errors = Counter("kmend_analyzer_detector_errors_total",
                                        "Detector evaluations (or one job's data in them) that failed; the others ran",
                                        ["detector"], registry=r)

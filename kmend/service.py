@@ -187,7 +187,7 @@ class Kmend:
                 outcome = self.grouped.ingest(signals, origin)
             self._count(outcome)
             return outcome
-        with self._lock, self.metrics.batch_seconds.time():
+        with self.grouped.turnstile.turn(), self._lock, self.metrics.batch_seconds.time():
             self.grouped.flush()  # results written here are not overtaken by queued ones
             analyse = AnalyseOnce(self._analyze)  # a retried transaction reuses this analysis
             changed: list[SeriesState] = []

@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     max_batch_bytes: int = 32 * 1024 * 1024
     max_clock_skew_s: float = Field(300.0, description=(
         "a signal stamped further ahead of the server's clock takes the server's time (the sent time is kept)"))
+    ingest_queue_s: float = Field(2.0, ge=0, description=(
+        "a batch that would wait longer than this for its turn is answered 503 with Retry-After (0: never)"))
     max_records: int = Field(50_000, description="records one Fluent Bit request may carry (larger: 422)")
     policy_file: Path | None = Field(None, description="healing policy YAML; the shipped default when unset")
     operator_token: SecretStr | None = Field(None, description="bearer token the runbook API requires, if set")

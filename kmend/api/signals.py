@@ -83,7 +83,8 @@ def validation_response(exc: ValidationError) -> JSONResponse:
     })
 
 
-@router.post("/signals", dependencies=[IngestAuth], responses={400: REJECTED, 413: REJECTED, 422: REJECTED})
+@router.post("/signals", dependencies=[IngestAuth],
+             responses={400: REJECTED, 413: REJECTED, 422: REJECTED, 503: REJECTED})
 async def ingest_signals(request: Request, kmend: KmendDep, settings: SettingsDep) -> Any:
     """Store and analyze a batch of signals. Repeated ids, and a numbered batch at or below its producer's last
     number, are accepted and ignored."""
@@ -99,6 +100,10 @@ def _take(body: bytes, kmend: Kmend, settings: Settings) -> Any:
         replay = kmend.replayed(*head)
         if replay is not None:
             return _answer(replay)
+    wait = kmend.grouped.turnstile.expected_wait()
+    if settings.ingest_queue_s and wait > settings.ingest_queue_s:  # refused before any work: the agent resends
+        kmend.metrics.busy.inc()
+        return busy(wait, settings.ingest_queue_s)
     decoded = decode_fast(body)
     if decoded is None:  # pydantic accepts what msgspec is stricter about, or names the bad field
         try:
@@ -110,6 +115,13 @@ def _take(body: bytes, kmend: Kmend, settings: Settings) -> Any:
         decoded = ([to_record(s) for s in batch.signals], origin)
     signals = server_timed(decoded[0], kmend, settings)
     return _answer(kmend.ingest(signals, decoded[1]))
+
+
+def busy(wait: float, budget: float) -> JSONResponse:
+    """503 with Retry-After: the batch would wait `wait` s for its turn, past the budget; nothing of it was taken."""
+    return JSONResponse(status_code=503, headers={"Retry-After": str(max(1, math.ceil(wait)))}, content={
+        "detail": f"ingest is busy: this batch would wait {wait:.1f} s for its turn, more than {budget:g} s "
+                  "(setting KMEND_INGEST_QUEUE_S); nothing was taken, send it again after Retry-After"})
 
 
 def _answer(outcome: IngestOutcome) -> dict[str, Any]:

@@ -7,9 +7,10 @@ counted after it, and several replicas sharing a PostgreSQL database see the sam
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Connection, Engine, and_, func, select
 
 from healer.lease import LeaseRecord
 from healer.records import DISRUPTIVE_STEPS, StepKind, StepState
@@ -26,8 +27,10 @@ BREAKER = "quarantine"
 class Ledger:
     """SafetyLedger, RepairRequests and History on the store's database."""
 
-    def __init__(self, engine: Engine, insert: Callable[[Any], Any], clock: Callable[[], float]) -> None:
+    def __init__(self, engine: Engine, insert: Callable[[Any], Any], clock: Callable[[], float],
+                 begin: Callable[[], AbstractContextManager[Connection]] | None = None) -> None:
         self.engine = engine
+        self._begin = begin or engine.begin
         self._insert = insert
         self.clock = clock
 
@@ -41,7 +44,7 @@ class Ledger:
         return BreakerState(bool(r["tripped"]), r["tripped_at"], r["reason"], r["reset_at"], r["reset_by"])
 
     def trip_breaker(self, at: float, reason: str) -> BreakerState:
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             current = conn.execute(select(schema.breaker.c.tripped).where(schema.breaker.c.name == BREAKER)).first()
             if current is None:
                 conn.execute(schema.breaker.insert().values(name=BREAKER, tripped=True, tripped_at=at, reason=reason,
@@ -52,7 +55,7 @@ class Ledger:
         return self.breaker()
 
     def reset_breaker(self, at: float, by: str) -> BreakerState:
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             done = conn.execute(schema.breaker.update().where(schema.breaker.c.name == BREAKER)
                                 .values(tripped=False, reset_at=at, reset_by=by))
             if done.rowcount == 0:
@@ -99,7 +102,7 @@ class Ledger:
         now = self.clock()
         row = {"id": request.id, "node": request.node, "kind": request.kind, "params": dict(request.params),
                "state": request.state, "result": request.result, "created_at": now, "updated_at": now}
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             conn.execute(self._insert(schema.node_requests).values(row).on_conflict_do_nothing(index_elements=["id"]))
         found = self.get(request.id)
         assert found is not None
@@ -122,7 +125,7 @@ class Ledger:
 
     def answer(self, request_id: str, state: str, result: str) -> RepairRequest | None:
         """Record the agent's or the platform's answer; an answered request keeps its first answer."""
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             conn.execute(schema.node_requests.update()
                          .where(schema.node_requests.c.id == request_id, schema.node_requests.c.state == "pending")
                          .values(state=state, result=result[:2000], updated_at=self.clock()))
@@ -132,7 +135,7 @@ class Ledger:
 
     def audit(self, actor: str, method: str, path: str, status: int, detail: dict[str, Any]) -> None:
         """Record one runbook API call."""
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             conn.execute(schema.audit_log.insert().values(ts=self.clock(), actor=actor[:128], method=method,
                                                           path=path[:512], status=status, detail=detail))
 
@@ -150,7 +153,7 @@ class Ledger:
         row = {"name": name, "holder": lease.holder if lease else "", "transitions": lease.transitions if lease else 0,
                "resource_version": lease.resource_version if lease else "", "observed_at": self.clock()}
         stmt = self._insert(schema.leases_seen).values(row)
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
             conn.execute(stmt.on_conflict_do_update(index_elements=["name"],
                                                     set_={k: stmt.excluded[k] for k in row if k != "name"}))
 

@@ -1,5 +1,10 @@
 """Retention: how long each table keeps its rows, and the pruning that enforces it in small transactions.
 
+A backlog (the first prune after a restart or an upgrade) is deleted in transactions sized to take about
+`TARGET_S` each (an incident's chunk carries its findings, so rows alone say little about the time), with a
+short rest between them: the database's single writer is never held long, and a group commit waiting for it
+goes before the next chunk.
+
 Every table is bounded. Log lines, finished incidents with their findings, finished plans with their
 steps, the audit log and answered node requests age out after their own time (0 keeps them for
 ever); the breaker and the leases seen hold one row per name. Times written by senders (log lines,
@@ -9,14 +14,21 @@ trace is not emptied by today's clock; times the service wrote are aged against 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from sqlalchemy import Column, ColumnElement, Engine, Table, delete, func, select
+from sqlalchemy import Column, ColumnElement, Connection, Engine, Table, delete, func, select
 
 from healer.records import FINAL_PLAN_STATES
 from kmend.store import schema
 
 DAY = 86400.0
+TARGET_S = 0.02
+"""About how long one pruning transaction should hold the database's writer."""
+REST_S = 0.005
+"""Rest between two pruning transactions (a writer waiting for the lock takes it meanwhile)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,48 +54,61 @@ def _newest(engine: Engine, ts: Column[float]) -> float | None:
 
 
 def _drop_before(engine: Engine, table: Table, ts: Column[float], cut: float, chunk: int,
-                 where: ColumnElement[bool] | None = None, child: Column[str] | None = None) -> tuple[int, int]:
+                 where: ColumnElement[bool] | None = None, child: Column[str] | None = None,
+                 rest: Callable[[float], None] = time.sleep,
+                 begin: Callable[[], AbstractContextManager[Connection]] | None = None) -> tuple[int, int]:
     """Delete `table`'s rows with `ts` < `cut` (and `where`), `chunk` at a time, rows of `child` pointing at them
-    first; returns (rows, child rows) deleted."""
+    first, resting between chunks; returns (rows, child rows) deleted."""
     rows = children = 0
     key = table.c.id
+    size = chunk
     while True:
-        q = select(key).where(ts < cut).limit(chunk)
+        began = time.monotonic()
+        q = select(key).where(ts < cut).limit(size)
         if where is not None:
             q = q.where(where)
-        with engine.begin() as conn:
+        with (begin or engine.begin)() as conn:
             ids = [r[0] for r in conn.execute(q)]
             if not ids:
                 break
             if child is not None:
                 children += conn.execute(delete(child.table).where(child.in_(ids))).rowcount
             rows += conn.execute(delete(table).where(key.in_(ids))).rowcount
-        if len(ids) < chunk:
+        if len(ids) < size:
             break
+        took = time.monotonic() - began
+        if took > TARGET_S:
+            size = max(1, int(size * TARGET_S / took))
+        elif took < TARGET_S / 2:
+            size = min(chunk, size * 2)
+        rest(REST_S)  # the writers waiting for the lock go first
     return rows, children
 
 
-def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 5000) -> dict[str, int]:
+def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 1000,
+          begin: Callable[[], AbstractContextManager[Connection]] | None = None) -> dict[str, int]:
     """Delete what is past its retention, `chunk` rows per transaction; returns rows deleted per table."""
     out: dict[str, int] = {}
     sig, inc, fnd, plans, steps = schema.signals, schema.incidents, schema.findings, schema.plans, schema.steps
     if keep.signals_s > 0 and (newest := _newest(engine, sig.c.ts)) is not None:
-        out["signals"], _ = _drop_before(engine, sig, sig.c.ts, newest - keep.signals_s, chunk)
+        out["signals"], _ = _drop_before(engine, sig, sig.c.ts, newest - keep.signals_s, chunk, begin=begin)
     if keep.signals_s > 0:  # an agent process silent this long is gone (its spool replays long done)
         prod = schema.producers
-        out["producers"], _ = _drop_before(engine, prod, prod.c.updated_at, now - keep.signals_s, chunk)
+        out["producers"], _ = _drop_before(engine, prod, prod.c.updated_at, now - keep.signals_s, chunk,
+                                           begin=begin)
     if keep.incidents_s > 0 and (newest := _newest(engine, inc.c.updated_at)) is not None:
         out["incidents"], out["findings"] = _drop_before(
             engine, inc, inc.c.updated_at, newest - keep.incidents_s, chunk,
-            inc.c.state.in_(("resolved", "suppressed")), child=fnd.c.incident_id)
+            inc.c.state.in_(("resolved", "suppressed")), child=fnd.c.incident_id, begin=begin)
     if keep.plans_s > 0:
         out["plans"], out["plan_steps"] = _drop_before(
             engine, plans, plans.c.updated_at, now - keep.plans_s, chunk,
-            plans.c.state.in_([s.value for s in FINAL_PLAN_STATES]), child=steps.c.plan_id)
+            plans.c.state.in_([s.value for s in FINAL_PLAN_STATES]), child=steps.c.plan_id, begin=begin)
     if keep.audit_s > 0:
-        out["audit_log"], _ = _drop_before(engine, schema.audit_log, schema.audit_log.c.ts, now - keep.audit_s, chunk)
+        out["audit_log"], _ = _drop_before(engine, schema.audit_log, schema.audit_log.c.ts, now - keep.audit_s, chunk,
+                                           begin=begin)
     if keep.requests_s > 0:
         req = schema.node_requests
         out["node_requests"], _ = _drop_before(engine, req, req.c.updated_at, now - keep.requests_s, chunk,
-                                               req.c.state != "pending")
+                                               req.c.state != "pending", begin=begin)
     return {k: v for k, v in out.items() if v}

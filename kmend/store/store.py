@@ -33,6 +33,7 @@ from kmend.store.retention import Retention, prune
 from kmend.store.rows import body_json, kept
 from kmend.store.rows import json_text as _json_text
 from kmend.store.series import series_row, series_state
+from kmend.store.writing import Writes
 
 MIGRATION_LOCK = 0x6B6D656E64
 """PostgreSQL advisory lock key held while the schema is migrated ("kmend")."""
@@ -66,6 +67,8 @@ class Store:
                                             **self._engine_args(url))
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.writes = Writes(self.engine)
+        """Opens the write transactions (on SQLite, this process's writers queue here, not in the busy handler)."""
         self._lines_sql: tuple[str, tuple[str, ...]] | None = None
         self._seq_lock = threading.Lock()
         self._seq = 0
@@ -88,7 +91,7 @@ class Store:
         self._mark_upsert = mark_stmt.on_conflict_do_update(
             index_elements=["id"], set_={"seq": mark_stmt.excluded.seq, "updated_at": mark_stmt.excluded.updated_at},
             where=schema.producers.c.seq < mark_stmt.excluded.seq)
-        self.ledger = Ledger(self.engine, self._insert, clock)
+        self.ledger = Ledger(self.engine, self._insert, clock, begin=self.writes.begin)
         """Breaker, brakes' counts, repair requests, audit log, leases seen."""
 
     @staticmethod
@@ -112,7 +115,7 @@ class Store:
         cfg = Config()
         cfg.set_main_option("script_location", str(resources.files("kmend") / "migrations"))
         cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             if self.engine.dialect.name == "postgresql":
                 # Replicas starting together: one migrates, the others wait here and find the schema at head.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
@@ -171,7 +174,7 @@ class Store:
         # resent by Alertmanager), and their ids make a redelivery harmless. Metric and progress samples are
         # not: the analyzer keeps the latest values and the windows its detectors need in memory, and the
         # agents' next samples rebuild them after a restart.
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             new_ids = self._insert_new(conn, [s for s in unique.values() if _kept(s)])
             fresh = [s for s in unique.values() if s.id in new_ids or not _kept(s)]
             found, changed, merges = analyze(fresh) if fresh else ([], [], [])
@@ -185,7 +188,7 @@ class Store:
                          ) -> IngestOutcome:
         producer, seq = origin
         prod = schema.producers
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             last = conn.execute(select(prod.c.seq).where(prod.c.id == producer)).scalar()
             if last is not None and seq <= last:
                 return IngestOutcome(0, sent, (), ())
@@ -201,7 +204,7 @@ class Store:
         Each batch's lines, its producer's mark and its results commit together, so a batch is stored whole
         or not at all; one commit serves the whole group.
         """
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             self._write(conn, sets)
 
     def _write(self, conn: Connection, sets: Sequence[WriteSet]) -> None:
@@ -235,7 +238,7 @@ class Store:
         finding emitted again after a restart is ignored, never stored twice. ``then`` writes
         more in the same transaction (the replica feed's cursor).
         """
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             found, changed, merges = analyze()
             if found or changed or merges:
                 self._write_results(conn, found, changed, merges)
@@ -334,7 +337,7 @@ class Store:
 
     def save_incident(self, inc: Incident) -> None:
         """Insert or update one incident (state changes from the healer)."""
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             self._upsert_incident(conn, inc)
 
     # -- reads ------------------------------------------------------------------------
@@ -407,7 +410,7 @@ class Store:
         """Insert or update a plan and all its steps in one transaction (Journal); started once it acted."""
         now = self.clock()
         started = now if has_acted(plan.steps) else None
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
                    "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
                    "node": plan.node, "job": plan.job, "started_at": started}
@@ -418,7 +421,7 @@ class Store:
     def save_step(self, plan_id: str, step: ActionStep) -> None:
         """Durably record one step's state (Journal)."""
         now = self.clock()
-        with self.engine.begin() as conn:
+        with self.writes.begin() as conn:
             idx = int(step.id.rsplit("-", 1)[1])
             self._upsert_step(conn, plan_id, idx, step, now)
             if step.state is StepState.RUNNING:
@@ -489,7 +492,7 @@ class Store:
 
     def prune(self, keep: Retention) -> dict[str, int]:
         """Delete rows past their retention (small transactions); returns rows deleted per table."""
-        return prune(self.engine, keep, self.clock())
+        return prune(self.engine, keep, self.clock(), begin=self.writes.begin)
 
     def runnable_plan_ids(self) -> list[str]:
         """Ids of the plans the healer loop resumes (running or pending), oldest first; no bodies are read."""
