@@ -46,3 +46,36 @@ def test_the_rank_that_reports_every_step_late_is_the_straggler(tmp_path: Path,
 
 def test_jitter_and_a_small_clock_offset_name_nobody(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _analyze(capsys, _bundle(tmp_path, {1: 0.03}, jitter=0.03)) == []
+
+
+def test_a_late_rank_is_named_as_soon_as_its_summary_catches_up() -> None:
+    # Through the agent's step-line summaries the late rank's window of 16 steps arrives after its peers' (its
+    # lines come later): the service judges the job again then, not at the peers' next window.
+    from analyzer.detectors.suite import DetectorSuite
+    from analyzer.records import FaultClass
+    from collector.progress_summary import ProgressWindows
+    from collector.signal import ProgressSample, Signal, Source
+
+    t0 = 1_800_000_000.0
+    windows = ProgressWindows()
+
+    def window(ranks: tuple[int, ...], steps: range) -> list[Signal]:
+        out: list[Signal] = []
+        for r in ranks:
+            for s in steps:
+                late = 0.15 if r == 2 and s >= 5 else 0.0
+                sig = Signal(f"n/c/{r}/{s}", f"n{r // 2}", Source.CONTAINER, t0 + 0.2 * s + late,
+                             ProgressSample("ddp", r, s, 0.2, namespace="train"))
+                out += windows.add(sig, arrival=True)
+        return out
+
+    suite = DetectorSuite()
+    found = []
+    for ranks, steps in (((0, 1, 3), range(1, 17)), ((2,), range(1, 17)), ((0, 1, 3), range(17, 33)),
+                         ((2,), range(17, 33))):
+        batch = window(ranks, steps)
+        assert len(batch) == len(ranks)  # one summary per rank, closed at the 16th step
+        suite.observe(batch)
+        found = [f for f in suite.evaluate(max(s.ts for s in batch)) if f.fault_class is FaultClass.STRAGGLER]
+    # Named on the evaluation right after the late rank's second window, with no step of its peers since.
+    assert [(f.where.rank, f.fields["basis"]) for f in found] == [(2, "arrival_lag")]

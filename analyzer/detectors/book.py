@@ -79,6 +79,9 @@ class JobState:
 
     ranks: dict[int, RankState] = field(default_factory=dict)
     """Ranks by global rank (-1: a job that logs from one process without a rank)."""
+    version: int = 0
+    """Steps its ranks advanced so far, counted over all ranks: the detectors judge the job again when it moves,
+    also when a late rank catches up without raising the job's highest step."""
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     """Recent wall seconds between a rank's consecutive progress reports."""
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=256))
@@ -205,6 +208,7 @@ class JobBook:
             job.step_times.append(step_time)
         rank.arrivals.append((ev.step, ev.ts))
         rank.last_step = ev.step
+        job.version += 1
         rank.last_ts = max(rank.last_ts, ev.ts)
         rank.signal_id = ev.signal_id
         if ev.step > job.max_step:

@@ -48,10 +48,11 @@ class StragglerConfig:
     min_slowdown: float = 1.05
     """Slowdown factor (rank median ÷ reference median) a straggler must reach."""
     persistence: int = 3
-    """Consecutive job steps a rank must stay flagged."""
+    """Consecutive evaluations (one per job step) a rank must stay flagged; for the arrival lag, see below."""
     persistence_in_steps: bool = True
-    """Count `persistence` in the steps each evaluation brought (an agent's summary brings up to 16 at once);
-    False: in evaluations, however many steps each brought."""
+    """The arrival lag counts `persistence` in the steps every rank reported, however many an evaluation brought
+    (an agent's summary of step lines brings up to 16 at once), and is judged again when a late rank catches up;
+    False: in evaluations, as the own-time score does."""
     noise_z: float = 4.0
     """The rank's excess over the reference must be this many standard errors of a median over the window,
     from the ranks' own step-to-step spread: contention that slows every rank unevenly is spread, not a straggler."""
@@ -94,7 +95,7 @@ class StragglerDetector:
     def __init__(self, book: JobBook, config: StragglerConfig | None = None) -> None:
         self.book = book
         self.config = config or StragglerConfig()
-        self._last_step: dict[str, tuple[int, int]] = {}
+        self._last_step: dict[str, tuple[int, int, int]] = {}
         self._ranks: dict[tuple[str, int], _Episode] = {}
         self._nodes: dict[tuple[str, str], _Episode] = {}
         self.failures: list[tuple[str, str]] = []
@@ -109,25 +110,27 @@ class StragglerDetector:
         self._lags = {k: e for k, e in self._lags.items() if k[0] != job}
 
     def evaluate(self, now: float) -> list[Finding]:
-        """Findings for jobs whose step advanced since the last evaluation."""
+        """Findings for jobs whose step advanced since the last evaluation (the arrival lag also when a late rank
+        caught up: its steps complete the ones its peers reported first)."""
         out: list[Finding] = []
+        in_steps = self.config.persistence_in_steps
         for name, job in self.book.jobs.items():
-            run, seen = self._last_step.get(name, (job.run, -1))
+            run, seen, seen_version = self._last_step.get(name, (job.run, -1, -1))
             if run != job.run:
                 # A new run of the job: earlier episodes and steps belong to the old one.
-                seen = -1
-                for rk in [k for k in self._ranks if k[0] == name]:
-                    del self._ranks[rk]
-                for nk in [k for k in self._nodes if k[0] == name]:
-                    del self._nodes[nk]
-            if job.max_step <= seen:
+                seen = seen_version = -1
+                self._ranks = {k: e for k, e in self._ranks.items() if k[0] != name}
+                self._nodes = {k: e for k, e in self._nodes.items() if k[0] != name}
+                self._lags = {k: e for k, e in self._lags.items() if k[0] != name}
+            stepped = job.max_step > seen
+            if not stepped and not (in_steps and job.version != seen_version):
                 continue
-            self._last_step[name] = (job.run, job.max_step)
+            self._last_step[name] = (job.run, job.max_step, job.version)
             try:
                 evidence = self._node_evidence(name)
-                found = self._score_ranks(name, job, now, evidence)
+                found = self._score_ranks(name, job, now, evidence) if stepped else []
                 found += self._score_lags(name, job, now, evidence)
-                if job.max_step % self.config.node_every_steps == 0:
+                if stepped and job.max_step % self.config.node_every_steps == 0:
                     found += self._score_nodes(name, job, now, evidence)
             except Exception as exc:  # one job's data must not stop the other jobs' scoring
                 self.failures.append((name, f"{type(exc).__name__}: {str(exc)[:300]}"))
@@ -154,7 +157,7 @@ class StragglerDetector:
         for i, r in enumerate(ranks):
             ep = self._ranks.setdefault((name, r), _Episode())
             flagged = bool(candidates[i])
-            if not self._step(ep, flagged, job.max_step, by_steps=cfg.persistence_in_steps):
+            if not self._step(ep, flagged, job.max_step):
                 continue
             st = job.ranks[r]
             reason = hw.get(st.node)
@@ -213,7 +216,8 @@ class StragglerDetector:
         out = []
         for i, r in enumerate(ranks):
             ep = self._lags.setdefault((name, r), _Episode())
-            if not self._step(ep, bool(excess[i] >= threshold), job.max_step, by_steps=cfg.persistence_in_steps):
+            if not self._step(ep, bool(excess[i] >= threshold), job.max_step,
+                              common=steps[-1] if cfg.persistence_in_steps else None):
                 continue
             st = job.ranks[r]
             slow = period / max(period - excess[i], 1e-3)
@@ -233,15 +237,21 @@ class StragglerDetector:
             ))
         return out
 
-    def _step(self, ep: _Episode, flagged: bool, step: int, *, by_steps: bool = False) -> bool:
-        """Advance an episode; True exactly when it should be reported.
+    def _step(self, ep: _Episode, flagged: bool, step: int, *, common: int | None = None) -> bool:
+        """Advance an episode; True exactly when it should be reported (at the job's `step`).
 
-        With `by_steps`, the streak counts the job's steps since the episode's last evaluation, not evaluations:
-        an agent's summary brings up to 16 steps at once (``collector.progress_summary.STEP_CUT``), and a rank's
-        window flagged with all of them in it has been slow for those steps, not for one.
+        With `common` (the newest step every rank reported: the arrival lag's data), the streak counts the common
+        steps since the episode's last evaluation, not evaluations: an agent's summary brings up to 16 steps at
+        once (``collector.progress_summary.STEP_CUT``), and a rank flagged with all of them in its window has been
+        late for those steps, not for one; an evaluation that brought no new common step moves nothing.
         """
-        n = max(1, step - ep.at) if by_steps and ep.at >= 0 else 1
-        ep.at = step
+        if common is None:
+            n = 1
+        else:
+            n = common - ep.at if ep.at >= 0 else 1
+            ep.at = common
+            if n <= 0:
+                return False
         if flagged:
             ep.streak += n
             ep.calm = 0
