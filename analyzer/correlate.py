@@ -363,8 +363,7 @@ class Correlator:
         best = self._same_symptom_of(f)
         w = f.where
         if best is None and w.namespace and w.job and w.node in self._job_nodes.get(w.job, {}):
-            # The job was reported under its bare name on this node before its namespace was learnt (a reporter
-            # that knows none, then its pods' lines): the incident opened under that name is this one.
+            # Opened under the job's bare name on this node before its namespace was learnt: the same incident.
             best = self._same_symptom_of(replace(f, where=replace(w, namespace=None)))
         return best
 

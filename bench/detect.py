@@ -41,7 +41,6 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +48,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analyzer.correlate import Correlator
 from analyzer.detectors.stacks import StackSample
-from analyzer.detectors.straggler import StragglerConfig
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.matcher import FastMatcher
 from analyzer.pipeline import Analyzer
 from analyzer.progress_rules import default_progress_rules_dir, load_progress_rules
 from analyzer.records import FaultClass, Finding, Incident
 from analyzer.rules import default_rules_dir, load_rules
-from collector.progress_summary import ProgressWindows
-from collector.signal import ProgressSample, Source
+from bench.straggler_lines import bench_straggler_fast_lines
+from collector.signal import Source
 from sim.healthy_fleet import run_fleet
 from sim.traces import Batch, Straggle, TraceJob
 
@@ -215,73 +213,6 @@ def bench_straggler(factors: list[float], per_factor: int, world: int, rng: rand
             "recall_within_30_steps_at_1_2x_or_more": round(tp12 / n12, 4) if n12 else None,
             "simulated": f"{world} ranks, 1 s steps, 3% jitter, 0.5% per-rank speed spread; one rank slowed from "
                          "step 11; false findings are any other rank named"}
-
-
-def _through_agent_windows(batches: list[Batch], window_s: float, step_cut: int) -> list[Batch]:
-    """What an agent ships of step lines: per-rank windows closed every `window_s` (and every `step_cut` steps),
-    each listing its steps with their times; the samples keep only what a line tells (step, time)."""
-    windows = ProgressWindows(step_cut=step_cut)
-    out: list[Batch] = []
-    due: float | None = None
-    for t, sigs in sorted(batches, key=lambda b: b[0]):
-        due = t + window_s if due is None else due
-        if t >= due:
-            out.append((due, windows.flush(due)))
-            due += window_s * (1 + int((t - due) // window_s))
-        lines = [replace(s, payload=replace(s.payload, phases={})) if isinstance(s.payload, ProgressSample) else s
-                 for s in sigs]
-        passed = [x for sig in lines for x in windows.add(sig, arrival=True)]
-        if passed:
-            out.append((t, passed))
-    out.append((due or 0.0, windows.flush(due or 0.0)))
-    return out
-
-
-def bench_straggler_fast_lines(trials: int, world: int, rng: random.Random) -> dict[str, Any]:
-    """Lock-stepped jobs printing a step line every 50 ms (no hook), through the agent's default 5 s windows:
-    one rank's work between two all-reduces takes 0.125-0.175 s longer, so its lines come after its peers' (the
-    arrival lag); healthy twins with 10 % jitter and data-loader hiccups must name no one."""
-    window_s = 5.0
-    res: dict[str, Any] = {}
-    seeds = [rng.randrange(10**6) for _ in range(trials)]
-    variants = (("now: windows cut every 16 steps, persistence in steps", 16, True),
-                ("windows by time only, persistence in steps", 0, True),
-                ("before: windows by time only, persistence in evaluations", 0, False))
-    for label, cut, in_steps in variants:
-        found: list[int] = []
-        fp = 0
-        for k, seed in enumerate(seeds):
-            for slow in (True, False):
-                job = TraceJob(f"f{k}", world=world, step_s=0.05, seed=seed, jitter=0.1, hiccup_p=0.02,
-                               hiccup_s=(0.05, 0.3), comm_s=0.01)
-                factor = 3.5 + (seed % 1000) / 1000
-                batches = job.run(10, report_before_sync=True) + job.run(
-                    120, straggle=Straggle(3, factor, 11) if slow else None, report_before_sync=True)
-                suite = DetectorSuite(straggler=StragglerConfig(persistence_in_steps=in_steps))
-                shipped = sorted(_through_agent_windows(batches, window_s, cut), key=lambda b: b[0])
-                t, i, named = shipped[0][0], 0, None
-                while t <= job.ts + window_s:
-                    while i < len(shipped) and shipped[i][0] <= t:
-                        suite.observe(shipped[i][1])
-                        i += 1
-                    for f in suite.evaluate(t):
-                        if f.fault_class is FaultClass.STRAGGLER:
-                            if slow and f.where.rank == 3 and named is None:
-                                named = int(f.fields["step"]) - 10
-                            elif not (slow and f.where.rank == 3):
-                                fp += 1
-                    t += 0.05
-                if slow and named is not None:
-                    found.append(named)
-        res[label] = {"found_within_30_steps": sum(1 for n in found if n <= 30), "found_at_all": len(found),
-                      "steps_to_detect_median": statistics.median(found) if found else None,
-                      "steps_to_detect_max": max(found) if found else None, "false_findings": fp}
-    res["simulated"] = (f"{trials} slow and {trials} healthy jobs of {world} ranks, 50 ms of work and 10 ms of "
-                        "all-reduce a step, 10% jitter, 2% hiccups of 50-300 ms; agent windows of 5 s (the "
-                        "default); the slow rank's work 3.5-4.5x its peers' from step 11 (its lines 0.125-0.175 s "
-                        "late, past the 0.1 s lag floor; the job then steps every 0.19-0.24 s: 21-26 steps a "
-                        "window)")
-    return res
 
 
 def _incident_of(incidents: list[Incident], rule_id: str) -> Incident | None:

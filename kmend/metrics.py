@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 
 
@@ -52,3 +54,10 @@ class Metrics:
                                   "When the healer loop last completed a round (a stuck loop stops it)", registry=r)
         self.api_calls = Counter("kmend_runbook_api_calls_total", "Runbook API calls, by route and status",
                                  ["route", "status"], registry=r)
+
+    @staticmethod
+    def set_counts(gauge: Gauge, counts: Mapping[str, int], labels: Iterable[str] = ()) -> None:
+        """Set a one-label gauge to `counts`, dropping labels no longer counted (`labels` are always shown, at 0)."""
+        gauge.clear()
+        for label in {*labels, *counts}:
+            gauge.labels(label).set(counts.get(label, 0))

@@ -485,19 +485,14 @@ class Kmend:
 
     def refresh_gauges(self) -> None:
         """Gauges that alerts read, kept fresh by the healer loop rather than by someone asking the API."""
-        counts = self.store.plan_counts()
-        self.metrics.plans_by_state.clear()
-        for state in {*(s.value for s in PlanState), *counts}:
-            self.metrics.plans_by_state.labels(state).set(counts.get(state, 0))
+        self.metrics.set_counts(self.metrics.plans_by_state, self.store.plan_counts(), (s.value for s in PlanState))
         self.node_health()  # sets kmend_nodes_quarantined
         if self._follows():
             self._refresh_open_gauge()
 
     def _refresh_open_gauge(self) -> None:
         # A replica that does not fold the feed counts what the Lease holder stored, not its own stale view.
-        counts = self.store.open_incident_counts() if self._follows() else {
+        counts = self.replicas.feed.open_incident_counts() if self.replicas and self._follows() else {
             fc.value: n for fc, n in self.analyzer.correlator.active_counts().items()}
-        self.metrics.incidents_open.clear()
-        for fc, n in counts.items():
-            self.metrics.incidents_open.labels(fc).set(n)
+        self.metrics.set_counts(self.metrics.incidents_open, counts)
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import replace
 
 import pytest
 
 from analyzer.detectors.suite import DetectorSuite
-from analyzer.records import FaultClass, Finding
+from analyzer.records import FaultClass
 from collector.progress_summary import ProgressWindows, SummarisedProgress
 from collector.shipper import encode_batch
 from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Poll
 from collector.wire import SignalBatch, to_record, to_wire
 from kmend.api.signal_decode import decode_fast
+from sim.agent_windows import drive, through_agent_windows
 from sim.traces import Batch, Straggle, TraceJob
 
 
@@ -109,39 +109,13 @@ def test_a_summary_crosses_the_wire_through_both_decoders() -> None:
     assert slow == s and to_wire(slow) == to_wire(s)
 
 
+def _wire(s: Signal) -> Signal:
+    return to_record(SignalBatch.model_validate({"signals": [to_wire(s)]}).signals[0])
+
+
 def _through_summaries(batches: list[Batch], every_s: float = 5.0, *, lines: bool = False) -> list[Batch]:
-    """What a fleet of summarising agents ships: each window's summaries at its end, through the wire (`lines`:
-    the samples are the agent's reading of step lines, listed step by step in their summaries)."""
-    w = ProgressWindows()
-    out: list[Batch] = []
-    due = None
-    for t, sigs in sorted(batches, key=lambda b: b[0]):
-        due = t + every_s if due is None else due
-        if t >= due:
-            out.append((due, [to_record(SignalBatch.model_validate({"signals": [to_wire(s)]}).signals[0])
-                              for s in w.flush()]))
-            due += every_s * (1 + int((t - due) // every_s))
-        if lines:  # a step line tells its step and time, not the hook's phases
-            sigs = [replace(s, payload=replace(s.payload, phases={})) if isinstance(s.payload, ProgressSample) else s
-                    for s in sigs]
-        passed = [s for sig in sigs for s in w.add(sig, arrival=lines)]
-        if passed:
-            out.append((t, passed))
-    out.append((due or 0.0, w.flush()))
-    return out
-
-
-def _drive(suite: DetectorSuite, batches: list[Batch], until: float, tick_s: float = 1.0) -> list[Finding]:
-    found: list[Finding] = []
-    batches = sorted(batches, key=lambda b: b[0])
-    t, i = batches[0][0], 0
-    while t <= until:
-        while i < len(batches) and batches[i][0] <= t:
-            suite.observe(batches[i][1])
-            i += 1
-        found.extend(suite.evaluate(t))
-        t += tick_s
-    return found
+    """What a fleet of summarising agents ships: each window's summaries at its end, through the wire."""
+    return through_agent_windows(batches, every_s, lines=lines, encode=_wire)
 
 
 def test_a_rank_left_behind_is_named_through_summaries() -> None:
@@ -152,7 +126,7 @@ def test_a_rank_left_behind_is_named_through_summaries() -> None:
     shipped = _through_summaries(batches)
     progress = sum(1 for _, sigs in shipped for s in sigs if s.source is Source.PROGRESS)
     assert progress <= 16 * (41 // 5 + 2) < 16 * 41  # one summary per rank per window, not one per step
-    [f] = _drive(DetectorSuite(), shipped, until=stall + 300)
+    [f] = drive(DetectorSuite(), shipped, until=stall + 300)
     assert f.fault_class is FaultClass.HANG and f.fields["mode"] == "ranks_behind"
     assert (f.where.rank, f.where.job) == (11, "j")
     assert f.ts - stall <= 30.0
@@ -161,7 +135,7 @@ def test_a_rank_left_behind_is_named_through_summaries() -> None:
 def test_a_slow_rank_is_found_through_summaries_with_its_slowdown() -> None:
     job = TraceJob("j", world=64, step_s=1.0, seed=8)
     batches = job.run(10) + job.run(150, straggle=Straggle(rank=37, factor=1.25, from_step=11))
-    found = [f for f in _drive(DetectorSuite(), _through_summaries(batches), until=job.ts + 10)
+    found = [f for f in drive(DetectorSuite(), _through_summaries(batches), until=job.ts + 10)
              if f.fault_class is FaultClass.STRAGGLER]
     assert [f.where.rank for f in found] == [37]
     assert 1.15 < float(found[0].fields["slowdown"]) < 1.35
@@ -170,7 +144,7 @@ def test_a_slow_rank_is_found_through_summaries_with_its_slowdown() -> None:
 def test_a_ten_percent_slow_rank_among_256_is_found_through_summaries_as_soon_as_through_samples() -> None:
     job = TraceJob("j", world=256, step_s=1.0, seed=8)
     batches = job.run(10) + job.run(50, straggle=Straggle(rank=77, factor=1.10, from_step=11))
-    [f] = _drive(DetectorSuite(), _through_summaries(batches), until=job.ts + 10)
+    [f] = drive(DetectorSuite(), _through_summaries(batches), until=job.ts + 10)
     assert f.fault_class is FaultClass.STRAGGLER and (f.where.rank, f.where.node) == (77, "j-n009")
     assert 1.07 < float(f.fields["slowdown"]) < 1.13 and f.fields["basis"] == "compute"
     assert int(f.fields["step"]) - 10 <= 50 and not f.hardware
@@ -187,7 +161,7 @@ def test_a_slow_rank_of_a_fast_job_is_named_within_30_steps_through_the_agents_d
     # come that much after its peers' every step.
     batches = job.run(10, report_before_sync=True) + job.run(
         300, straggle=Straggle(rank=5, factor=4.0, from_step=11), report_before_sync=True)
-    found = [f for f in _drive(DetectorSuite(), _through_summaries(batches, window_s, lines=True), until=job.ts + 10,
+    found = [f for f in drive(DetectorSuite(), _through_summaries(batches, window_s, lines=True), until=job.ts + 10,
                                tick_s=0.05)
              if f.fault_class is FaultClass.STRAGGLER]
     assert [f.where.rank for f in found] == [5]

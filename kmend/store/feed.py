@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnClause, Connection, delete, literal_column, select, text, tuple_
+from sqlalchemy import BigInteger, ColumnClause, Connection, delete, func, literal_column, select, text, tuple_
 
 from analyzer.detectors.flight_recorder import Dump, Entry
 from analyzer.detectors.stacks import StackSample
@@ -162,6 +162,14 @@ class Feed:
             for node, iid in conn.execute(q):
                 out.setdefault(node, []).append(iid)
         return out
+
+    def open_incident_counts(self) -> dict[str, int]:
+        """Open or remediating incidents by fault class, as the leader stored them (one GROUP BY)."""
+        inc = schema.incidents
+        q = (select(inc.c.fault_class, func.count()).where(inc.c.state.in_(("open", "remediating")))
+             .group_by(inc.c.fault_class))
+        with self.store.engine.connect() as conn:
+            return {str(fc): int(n) for fc, n in conn.execute(q)}
 
     def append(self, digest: BatchDigest) -> None:
         """One feed row outside a signal batch (a stack or Flight Recorder dump)."""

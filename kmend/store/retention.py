@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 
 from sqlalchemy import Column, ColumnElement, Connection, Engine, Table, delete, func, select
 
@@ -90,25 +91,23 @@ def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 1000,
     """Delete what is past its retention, `chunk` rows per transaction; returns rows deleted per table."""
     out: dict[str, int] = {}
     sig, inc, fnd, plans, steps = schema.signals, schema.incidents, schema.findings, schema.plans, schema.steps
+    drop = partial(_drop_before, engine, chunk=chunk, begin=begin)
     if keep.signals_s > 0 and (newest := _newest(engine, sig.c.ts)) is not None:
-        out["signals"], _ = _drop_before(engine, sig, sig.c.ts, newest - keep.signals_s, chunk, begin=begin)
+        out["signals"], _ = drop(sig, sig.c.ts, newest - keep.signals_s)
     if keep.signals_s > 0:  # an agent process silent this long is gone (its spool replays long done)
         prod = schema.producers
-        out["producers"], _ = _drop_before(engine, prod, prod.c.updated_at, now - keep.signals_s, chunk,
-                                           begin=begin)
+        out["producers"], _ = drop(prod, prod.c.updated_at, now - keep.signals_s)
     if keep.incidents_s > 0 and (newest := _newest(engine, inc.c.updated_at)) is not None:
-        out["incidents"], out["findings"] = _drop_before(
-            engine, inc, inc.c.updated_at, newest - keep.incidents_s, chunk,
-            inc.c.state.in_(("resolved", "suppressed")), child=fnd.c.incident_id, begin=begin)
+        out["incidents"], out["findings"] = drop(inc, inc.c.updated_at, newest - keep.incidents_s,
+                                                 where=inc.c.state.in_(("resolved", "suppressed")),
+                                                 child=fnd.c.incident_id)
     if keep.plans_s > 0:
-        out["plans"], out["plan_steps"] = _drop_before(
-            engine, plans, plans.c.updated_at, now - keep.plans_s, chunk,
-            plans.c.state.in_([s.value for s in FINAL_PLAN_STATES]), child=steps.c.plan_id, begin=begin)
+        out["plans"], out["plan_steps"] = drop(plans, plans.c.updated_at, now - keep.plans_s,
+                                               where=plans.c.state.in_([s.value for s in FINAL_PLAN_STATES]),
+                                               child=steps.c.plan_id)
     if keep.audit_s > 0:
-        out["audit_log"], _ = _drop_before(engine, schema.audit_log, schema.audit_log.c.ts, now - keep.audit_s, chunk,
-                                           begin=begin)
+        out["audit_log"], _ = drop(schema.audit_log, schema.audit_log.c.ts, now - keep.audit_s)
     if keep.requests_s > 0:
         req = schema.node_requests
-        out["node_requests"], _ = _drop_before(engine, req, req.c.updated_at, now - keep.requests_s, chunk,
-                                               req.c.state != "pending", begin=begin)
+        out["node_requests"], _ = drop(req, req.c.updated_at, now - keep.requests_s, where=req.c.state != "pending")
     return {k: v for k, v in out.items() if v}

@@ -475,14 +475,6 @@ class Store:
         with self.engine.connect() as conn:
             return {str(state): int(n) for state, n in conn.execute(q)}
 
-    def open_incident_counts(self) -> dict[str, int]:
-        """Open or remediating incidents by fault class, as stored (one GROUP BY; a follower's gauge)."""
-        inc = schema.incidents
-        q = (select(inc.c.fault_class, func.count()).where(inc.c.state.in_(("open", "remediating")))
-             .group_by(inc.c.fault_class))
-        with self.engine.connect() as conn:
-            return {str(fc): int(n) for fc, n in conn.execute(q)}
-
     def incidents_with_unfinished_plans(self) -> set[str]:
         """Ids of incidents with a plan not yet finished (running, pending, waiting for approval, blocked)."""
         final = [s.value for s in FINAL_PLAN_STATES]
