@@ -73,15 +73,35 @@ class PySpyDumper:
     """``py-spy dump --pid`` (the process is paused for the few milliseconds it takes).
 
     py-spy pauses a process through ptrace and fails on one that a signal already stopped;
-    a stopped process is read as it is (``--nonblocking``).
+    a stopped process is read as it is (``--nonblocking``). A process can be traced by one tracer at
+    a time: a second py-spy on it fails (``EPERM``), so dumps of one process (a first and a second
+    look at a hang, each answered on its own thread) are taken one after the other.
     """
 
     def __init__(self, binary: str = "py-spy", *, timeout_s: float = 20.0) -> None:
         self.binary = binary
         self.timeout_s = timeout_s
+        self._mutex = threading.Lock()
+        self._busy: dict[int, tuple[threading.Lock, int]] = {}
+        """pid -> (its lock, callers holding or waiting for it); dropped when the last one is done."""
 
     def dump(self, pid: int, *, stopped: bool = False) -> str:
         """The stack of every thread of `pid`, as text."""
+        with self._mutex:
+            one, users = self._busy.get(pid) or (threading.Lock(), 0)
+            self._busy[pid] = (one, users + 1)
+        try:
+            with one:
+                return self._dump(pid, stopped)
+        finally:
+            with self._mutex:
+                _, users = self._busy[pid]
+                if users == 1:
+                    del self._busy[pid]
+                else:
+                    self._busy[pid] = (one, users - 1)
+
+    def _dump(self, pid: int, stopped: bool) -> str:
         argv = [self.binary, "dump", "--pid", str(pid)] + (["--nonblocking"] if stopped else [])
         try:
             done = subprocess.run(argv, capture_output=True,

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,6 +91,27 @@ def test_py_spy_dumps_where_a_real_stuck_process_waits(stuck: subprocess.Popen[s
     text = PySpyDumper(_py_spy_or_skip()).dump(stuck.pid)
     assert f"Process {stuck.pid}" in text
     assert "wait_for_batch (<string>" in text and "MainThread" in text
+
+
+def test_looks_at_one_process_from_several_threads_all_get_its_stack(stuck: subprocess.Popen[str]) -> None:
+    # A first and a second look at a hang are answered on their own threads; two py-spy on one process at once
+    # fail to trace it (EPERM), and a look with a stack missing confirms the hang it was to judge.
+    dumper = PySpyDumper(_py_spy_or_skip())
+    failed: list[str] = []
+
+    def look() -> None:
+        for _ in range(4):
+            try:
+                dumper.dump(stuck.pid)
+            except RuntimeError as exc:
+                failed.append(str(exc))
+
+    threads = [threading.Thread(target=look) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failed == []
 
 
 def test_a_stack_request_is_answered_with_stacks_and_a_flight_recorder_dump(
