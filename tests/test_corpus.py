@@ -20,7 +20,7 @@ CORPUS = Path(__file__).parent / "corpus"
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
     "dev": {"class_accuracy": 0.982, "hardware_accuracy": 0.983, "action_accuracy": 0.982},
-    "heldout": {"class_accuracy": 0.816, "hardware_accuracy": 0.832, "action_accuracy": 0.826},
+    "heldout": {"class_accuracy": 0.817, "hardware_accuracy": 0.833, "action_accuracy": 0.828},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
