@@ -19,14 +19,14 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.982, "hardware_accuracy": 0.983, "action_accuracy": 0.982},
-    "heldout": {"class_accuracy": 0.817, "hardware_accuracy": 0.833, "action_accuracy": 0.828},
+    "dev": {"class_accuracy": 0.98, "hardware_accuracy": 0.983, "action_accuracy": 0.98},
+    "heldout": {"class_accuracy": 0.831, "hardware_accuracy": 0.841, "action_accuracy": 0.838},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
-# round that adds many; the excerpts that were already there must not lose ground.
+# round that adds many; the excerpts that were already there must not lose ground. Round 10's files
+# (round10-*.yaml) are newer still and are not among the earlier ones either.
 LATEST_ROUND = "round9-mixed.yaml"
-# Files of rounds after it ("round10-...") are newer still and stay out of the earlier set.
 NEWER_ROUNDS_PREFIX = "round10-"
 EARLIER_HELDOUT_FLOORS = {"class_accuracy": 0.867, "hardware_accuracy": 0.885, "action_accuracy": 0.870}
 
@@ -95,7 +95,7 @@ def test_both_halves_reach_the_stated_floors(entries: list[CorpusEntry]) -> None
     outcomes = run_entries(entries, [Path(__file__).parent.parent / "rules"])
     result = report(outcomes, "all")
     earlier = report([o for o in outcomes if Path(o.entry.file).name != LATEST_ROUND
-                     and not Path(o.entry.file).name.startswith(NEWER_ROUNDS_PREFIX)], "heldout")
+                      and not Path(o.entry.file).name.startswith(NEWER_ROUNDS_PREFIX)], "heldout")
     for key, floor in EARLIER_HELDOUT_FLOORS.items():
         assert earlier["heldout"][key] >= floor, ("earlier heldout", key, earlier["heldout"][key])
     for half, floors in FLOORS.items():
