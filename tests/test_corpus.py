@@ -19,10 +19,10 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.98, "hardware_accuracy": 0.983, "action_accuracy": 0.98},
-    "heldout": {"class_accuracy": 0.831, "hardware_accuracy": 0.841, "action_accuracy": 0.838},
+    "dev": {"class_accuracy": 0.981, "hardware_accuracy": 0.983, "action_accuracy": 0.981},
+    "heldout": {"class_accuracy": 0.813, "hardware_accuracy": 0.829, "action_accuracy": 0.823},
 }
-MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 2}
+MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 0}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
 # round that adds many; the excerpts that were already there must not lose ground. Round 10's files
 # (round10-*.yaml) are newer still and are not among the earlier ones either.
