@@ -1,6 +1,7 @@
-"""A rank of an unmodified plain DDP job killed from outside (SIGKILL, as the host's OOM killer does): the killed
-rank is the incident's root cause, its peers' gloo "connection reset" failures are symptoms of it, and no node is
-taken out of service for it."""
+"""Real plain DDP jobs (gloo, CPU, one pod per rank as CRI files, `kmend agent` and `kmend serve` as processes) at the
+ends of their lives: a rank killed from outside (SIGKILL, as the host's OOM killer does) is the incident's root cause
+with its peers' closed-connection failures folded in and no node taken out; a job run again under the same pod names
+after it finished, which hangs before the step its first run reached, is a hang with the stuck rank named."""
 
 from __future__ import annotations
 
@@ -50,3 +51,25 @@ def test_a_rank_killed_from_outside_is_the_root_cause_and_its_peers_failures_fol
     assert "rank-sigkilled" in rules and "gloo-peer-closed" in rules, summary
     nodes = kmend.nodes()
     assert not [n for n, v in nodes.items() if v["cordoned"] or v["fault"]], nodes
+
+
+def test_a_job_run_again_that_hangs_before_its_old_last_step_is_a_hang_with_the_rank_named(kmend: Kmend) -> None:
+    first = Job(kmend.pods, "ddp-rerun", "plain_ddp.py", steps=60, world=3)
+    try:
+        assert first.wait(90) == [0, 0, 0], first.output()
+    finally:
+        first.stop()
+    # The same job and pod names again (new pod directories beside the old ones, as a restarted job's pods):
+    # rank 1 stops at step 20, before the 60 the first run reached.
+    fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "20"}
+    again = Job(kmend.pods, "ddp-rerun", "plain_ddp.py", steps=100_000, world=3, fault=fault)
+    try:
+        incs = kmend.wait_for(lambda i: any(f["rule_id"] == "stack-dump" for x in i if x["fault_class"] == "hang"
+                                            for f in x["findings"]), 90)
+    finally:
+        again.stop()
+    summary = [(i["fault_class"], i["root_cause"]) for i in incs]
+    [hang] = [i for i in incs if i["fault_class"] == "hang"]
+    assert (hang["root_cause"]["job"], hang["root_cause"]["rank"]) == ("ddp-rerun", 1), summary
+    [stacks] = [f for f in hang["findings"] if f["rule_id"] == "stack-dump"]
+    assert stacks["fields"]["stopped_ranks"] == "1", stacks["fields"]
