@@ -15,6 +15,7 @@ from analyzer.detectors.stacks import StackSample
 from analyzer.progress import ProgressEvent
 from analyzer.records import Finding
 from collector.signal import MetricSample, Signal
+from collector.survey import METRIC as SURVEY_METRIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,4 +77,5 @@ class BatchDigest:
 
 def detector_metrics(signals: list[Signal]) -> tuple[Signal, ...]:
     """The samples a detector reads (``METRIC_FEATURES``); the rest stay with the replica's metric rules."""
-    return tuple(s for s in signals if isinstance(s.payload, MetricSample) and s.payload.name in METRIC_FEATURES)
+    return tuple(s for s in signals if isinstance(s.payload, MetricSample)
+                 and (s.payload.name in METRIC_FEATURES or s.payload.name == SURVEY_METRIC))

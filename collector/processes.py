@@ -169,6 +169,11 @@ class ProcessFinder:
             host = env.get("HOSTNAME", "")
             # Two namespaces may hold pods of one name: then the host name alone cannot tell which.
             mine = [d for d in dirs if host and d.count("_") == 2 and d.split("_")[1] == host]
+            if len(mine) > 1 and len({d.split("_", 1)[0] for d in mine}) == 1 and self.pods_root is not None:
+                # One pod name reused in one namespace (a job run again): the old pod's directory stays until it
+                # is deleted, and the running process's pod is the one whose log was written last.
+                newest = sorted((_last_write(self.pods_root / d), d) for d in mine)
+                mine = [newest[-1][1]] if newest[-1][0] > newest[-2][0] else mine
         if len(mine) != 1:
             return None
         ns, pod, uid = mine[0].split("_", 2)
@@ -265,3 +270,19 @@ def _traits(proc: Path) -> tuple[str | None, str | None, tuple[str, ...]] | None
     named = tuple(n for n in (env.get("KMEND_JOB"), env.get("TORCHELASTIC_RUN_ID"))
                   if n and n != _TORCHRUN_DEFAULT_RUN_ID)
     return (m.group(1).replace("_", "-") if m else None), env.get("HOSTNAME") or None, named
+
+
+def _last_write(pod_dir: Path) -> int:
+    """When any log file of a pod's directory was last written (ns since the epoch; 0 when unreadable)."""
+    newest = 0
+    try:
+        containers = list(os.scandir(pod_dir))
+    except OSError:
+        return 0
+    for c in containers:
+        try:
+            with os.scandir(c.path) as files:
+                newest = max([newest, *(f.stat().st_mtime_ns for f in files)])
+        except OSError:
+            continue
+    return newest

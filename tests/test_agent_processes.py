@@ -86,6 +86,20 @@ def test_a_pod_name_that_two_namespaces_share_is_no_pod_to_go_by(tmp_path: Path,
     assert (proc.pod, proc.names) == (None, ("bert-b",))
 
 
+def test_a_pod_name_reused_in_its_namespace_is_the_pod_whose_log_is_written(tmp_path: Path, spawn: Spawn) -> None:
+    # A job run again under the same pod names: the finished run's pod directory stays beside the new one, and
+    # the process (whose HOSTNAME names both) runs in the pod whose log is being written.
+    old, new = "11111111-2222-3333-4444-555555555555", "66666666-7777-8888-9999-000000000000"
+    for uid, mtime in ((old, 1_000_000), (new, 2_000_000)):
+        _pod_dir(tmp_path, "train", "llama-worker-1", uid)
+        log = tmp_path / f"train_llama-worker-1_{uid}" / "trainer" / "0.log"
+        log.write_text("step 1\n")
+        os.utime(log, (mtime, mtime))
+    p = spawn(1, "llama-worker-1")
+    [proc] = _mine(ProcessFinder(pods_root=tmp_path), {p.pid})
+    assert (proc.job, proc.rank, proc.pod) == ("llama", 1, "train/llama-worker-1")
+
+
 def test_a_stopped_rank_is_seen_stopped_and_its_stack_is_still_taken(tmp_path: Path, spawn: Spawn) -> None:
     py_spy = _py_spy("py-spy")
     if py_spy is None or os.geteuid() != 0:

@@ -11,6 +11,7 @@ from analyzer.detectors.flight_recorder import Dump, FlightRecorderDetector, Ran
 from analyzer.detectors.hang import HangConfig, HangDetector
 from analyzer.detectors.stacks import StackDetector, StackSample, exoneration
 from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
+from analyzer.detectors.survey import SurveyDetector
 from analyzer.detectors.witnesses import WitnessDetector
 from analyzer.progress import ProgressEvent, ProgressExtractor
 from analyzer.progress_rules import ProgressRule
@@ -37,8 +38,8 @@ class DetectorFailure:
 
 
 class DetectorSuite:
-    """Progress extraction, the shared job book, and the hang, straggler, Flight Recorder, timeout-witness
-    and stack-dump detectors."""
+    """Progress extraction, the shared job book, and the hang, straggler, Flight Recorder, timeout-witness,
+    stack-dump and stack-survey detectors."""
 
     def __init__(self, progress_rules: Sequence[ProgressRule] = (), *, hang: HangConfig | None = None,
                  straggler: StragglerConfig | None = None, flight_recorder_settle_s: float = 10.0,
@@ -50,6 +51,7 @@ class DetectorSuite:
         self.flight_recorder = FlightRecorderDetector(settle_s=flight_recorder_settle_s)
         self.witnesses = WitnessDetector(self.book)
         self.stacks = StackDetector()
+        self.survey = SurveyDetector(self.book)
         self.hang.exonerate = self._exonerate
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
@@ -66,6 +68,7 @@ class DetectorSuite:
         for sig in signals:
             if isinstance(sig.payload, MetricSample):
                 self.book.observe_metric(sig)
+                self.survey.observe(sig)
             if sig.ts > self.watermark:
                 self.watermark = sig.ts
         return events
@@ -86,6 +89,7 @@ class DetectorSuite:
         self._drop_merged()
         for sig in metrics:
             self.book.observe_metric(sig)
+            self.survey.observe(sig)
         if newest > self.watermark:
             self.watermark = newest
 
@@ -167,6 +171,7 @@ class DetectorSuite:
         self.straggler.failures.clear()
         found += self._guarded("witnesses", lambda: self.witnesses.evaluate(now))
         found += self._guarded("stacks", lambda: self.stacks.evaluate(now, self.hang.verdict))
+        found += self._guarded("survey", lambda: self.survey.evaluate(now))
         for job in self.book.expire(now, self.forget_after_s):
             self.forget(job)
         fr = list(judged or ())
@@ -182,14 +187,15 @@ class DetectorSuite:
         for job, into in self.book.merged:
             # A stall already reported under the bare name is the same episode under the namespaced one.
             self.hang.carry(job, into)
-            for detector in (self.hang, self.straggler, self.flight_recorder, self.witnesses, self.stacks):
+            for detector in (self.hang, self.straggler, self.flight_recorder, self.witnesses, self.stacks,
+                             self.survey):
                 detector.forget(job)
         self.book.merged.clear()
 
     def forget(self, job: str) -> None:
         """A job left the book (silent for `forget_after_s`): every detector drops what it kept about it."""
         for detector in (self.extractor, self.hang, self.straggler, self.flight_recorder, self.witnesses,
-                         self.stacks):
+                         self.stacks, self.survey):
             detector.forget(job)
 
     def take_failures(self) -> list[DetectorFailure]:

@@ -53,6 +53,7 @@ from collector.sources.nvml import NvmlSource
 from collector.sources.procs import PodRanks, ProcessExitSource
 from collector.spool import DiskSpool, Value
 from collector.stacks import PySpyDumper, StackRequestResponder
+from collector.survey import PySpyProfiler, StackSurvey
 from collector.validate import node_name_problem
 from healer.checkpoint_remote import discover_json
 from kmend.errors import ConfigError, from_validation
@@ -116,6 +117,9 @@ class AgentSettings(BaseSettings):
     process_exits: bool = Field(True, description="watch training processes in the host's /proc (hostPID): a job "
                                                   "whose rank processes all ended has finished, its silence no hang")
     py_spy: str = Field("py-spy", description="py-spy executable (name on PATH or path)")
+    stack_survey_s: float = Field(10.0, ge=0, description="seconds between stack surveys of the node's rank "
+                                                          "processes (py-spy --nonblocking, 2 s each, never pausing "
+                                                          "them): the rank its peers wait for is a straggler (0: off)")
     status_host: str = "0.0.0.0"
     status_port: int = 9401
 
@@ -275,6 +279,11 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
             proc_root=settings.proc_root, pods_root=settings.pods_root, pod_metadata=meta, job=settings.job),
             ranks=pod_ranks if step_windows is not None else None)
         sources.append(exits if step_windows is None else ExitsAfterSteps(exits, step_windows))
+    survey = settings.stack_survey_s > 0 and settings.stacks and settings.proc_root.is_dir()
+    if survey and (binary := _py_spy(settings.py_spy)) is not None:
+        sources.append(StackSurvey(node=node, profiler=PySpyProfiler(binary), every_s=settings.stack_survey_s,
+                                   finder=ProcessFinder(proc_root=settings.proc_root, pods_root=settings.pods_root,
+                                                        pod_metadata=meta, job=settings.job)))
     if settings.ib_root.is_dir():
         sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
     if settings.nvml:

@@ -4,6 +4,8 @@ Python imports ``sitecustomize`` at start-up. Acting only in the process whose `
 equals ``KMEND_FAULT_RANK``, after ``KMEND_FAULT_AFTER`` optimizer steps:
 
 - ``KMEND_FAULT=slow``: sleep ``KMEND_FAULT_SLOW_S`` after every optimizer step (a slow rank);
+- ``KMEND_FAULT=slow_forward``: sleep ``KMEND_FAULT_SLOW_S`` before every forward pass (slow work before the
+  gradient all-reduce: its peers wait in it, and every rank logs the step at the same moment);
 - ``KMEND_FAULT=stop``: stop the process with SIGSTOP at its next forward pass (a rank that
   hangs while its peers wait in the gradient all-reduce);
 - ``KMEND_FAULT=crash``: raise at the next optimizer step (an application bug on one rank);
@@ -36,9 +38,14 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
         elif _fault == "crash":
             raise ValueError(f"injected failure on rank {os.environ['RANK']} at step {_steps[0]}")
 
+    _forwards = [0]
+
     def _forward(_module: object, _inputs: object) -> None:
         if _fault == "stop" and _steps[0] >= _after:
             os.kill(os.getpid(), signal.SIGSTOP)
+        if _fault == "slow_forward" and _steps[0] >= _after and _forwards[0] < _steps[0]:
+            _forwards[0] = _steps[0]  # once per step: the hook runs for every submodule's forward
+            time.sleep(_slow_s)
 
     register_optimizer_step_post_hook(_post)
     register_module_forward_pre_hook(_forward)

@@ -1,0 +1,158 @@
+"""Stragglers from the node agents' stack surveys: the rank the others wait for.
+
+A synchronous job's ranks log each step together, however slow one of them is when its
+slowness lies before the gradient all-reduce. The agents' surveys (``collector.survey``)
+say where each rank's main thread spent its sampled time. A healthy job's ranks look
+alike; when one rank is slow, its peers spend the difference waiting in the collective,
+and it spends it elsewhere (its own code, its data loader, a starved CPU). A rank is a
+straggler when, in `persistence` surveys in a row, its share outside the collectives and
+the healthy busy places (checkpoint, evaluation) is at least `ratio` times its peers'
+median and `min_gap` above it, while its peers spend at least `peers_wait` of their time
+in collectives. Ranks need `min_samples` samples in a survey to count; a job that is not
+progressing (a hang is the hang detector's) or has finished is not judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from statistics import median
+
+from analyzer.detectors.book import JobBook
+from analyzer.records import Action, FaultClass, Finding, Severity, job_location
+from collector.signal import MetricSample, Signal
+from collector.survey import METRIC
+
+DETECTOR_ID = "straggler-detector"
+"""The straggler detector's id: the policy treats a straggler alike whatever named it."""
+_BUSY = ("share_checkpoint", "share_evaluation")
+"""Places where a rank is busy with work its peers wait for by design (checkpoint writes, evaluation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SurveyConfig:
+    """Thresholds for naming a straggler from stack surveys."""
+
+    min_samples: int = 40
+    """Samples a rank needs in a survey."""
+    ratio: float = 2.0
+    """The rank's share outside collectives, over its peers' median."""
+    min_gap: float = 0.15
+    """... and at least this much above it (absolute share)."""
+    peers_wait: float = 0.3
+    """Median share of the peers' time in collectives (they wait for the slow one)."""
+    persistence: int = 2
+    """Surveys in a row that must agree."""
+    max_age_s: float = 60.0
+    """A rank's survey older than this is not compared."""
+    idle_s: float = 30.0
+    """A job whose progress is older than this is not judged (stalled or gone)."""
+
+
+@dataclass(slots=True)
+class _Rank:
+    node: str
+    ts: float
+    outside: float
+    collective: float
+    samples: int
+    where: str
+    signal_id: str
+    """Evidence: the survey sample."""
+    streak: int = 0
+    counted: float = 0.0
+    """Time of the survey last counted in `streak`."""
+    open_ts: float | None = None
+    """When the reported episode began (one finding per episode)."""
+
+
+@dataclass(slots=True)
+class _Job:
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+
+
+class SurveyDetector:
+    """Names the rank of a job its peers wait for, from the agents' stack surveys."""
+
+    def __init__(self, book: JobBook, config: SurveyConfig | None = None) -> None:
+        self.book = book
+        self.config = config or SurveyConfig()
+        self._jobs: dict[str, _Job] = {}
+
+    def observe(self, sig: Signal) -> None:
+        """Keep a rank's latest survey (``kmend_rank_stack_share`` samples; others are ignored)."""
+        p = sig.payload
+        if not isinstance(p, MetricSample) or p.name != METRIC:
+            return
+        labels = p.labels
+        job, rank = labels.get("job"), labels.get("rank", "")
+        if not job or not rank.isdigit():
+            return
+        key = self.book.key_for(labels.get("namespace") or None, job, node=sig.node)
+        busy = sum(_share(labels, k) for k in _BUSY)
+        outside = max(0.0, 1.0 - p.value - busy)
+        places = {k[6:].replace("_", " "): _share(labels, k) for k in labels if k.startswith("share_")}
+        where = max((k for k in places if k != "collective"), key=lambda k: places[k], default="code")
+        ranks = self._jobs.setdefault(key, _Job()).ranks
+        old = ranks.get(int(rank))
+        samples = labels.get("samples", "0")
+        new = _Rank(sig.node, sig.ts, outside, p.value, int(samples) if samples.isdigit() else 0, where, sig.id)
+        if old is not None:
+            new.streak, new.counted, new.open_ts = old.streak, old.counted, old.open_ts
+        ranks[int(rank)] = new
+
+    def evaluate(self, now: float) -> list[Finding]:
+        """Straggler findings for ranks flagged in `persistence` surveys in a row (once per episode)."""
+        cfg = self.config
+        out = []
+        for key in list(self._jobs):
+            state = self.book.jobs.get(key)
+            if state is None or state.finished:
+                del self._jobs[key]
+                continue
+            last = max((r.last_ts for r in state.ranks.values()), default=0.0)
+            ranks = {r: s for r, s in self._jobs[key].ranks.items()
+                     if now - s.ts <= cfg.max_age_s and s.samples >= cfg.min_samples}
+            if len(ranks) < 2 or now - last > cfg.idle_s:
+                continue
+            for r, s in ranks.items():
+                if s.ts <= s.counted:
+                    continue  # no new survey of this rank since it was last counted
+                s.counted = s.ts
+                peers = [p for q, p in ranks.items() if q != r]
+                ref, wait = median(p.outside for p in peers), median(p.collective for p in peers)
+                flagged = (wait >= cfg.peers_wait and s.outside >= cfg.ratio * ref
+                           and s.outside - ref >= cfg.min_gap and all(s.outside > p.outside for p in peers))
+                s.streak = s.streak + 1 if flagged else 0
+                if not flagged:
+                    s.open_ts = None
+                    continue
+                if s.streak < cfg.persistence or s.open_ts is not None:
+                    continue
+                s.open_ts = s.ts
+                out.append(self._finding(key, r, s, ref, wait, len(ranks), now))
+        return out
+
+    def _finding(self, job: str, rank: int, s: _Rank, ref: float, wait: float, ranks: int, now: float) -> Finding:
+        fields = {"basis": "stacks", "outside_share": f"{s.outside:.3f}", "peers_outside_share": f"{ref:.3f}",
+                  "peers_collective_share": f"{wait:.3f}", "where": s.where, "samples": str(s.samples),
+                  "surveys": str(s.streak), "ranks_surveyed": str(ranks)}
+        return Finding(
+            id=f"{DETECTOR_ID}:{job}:{rank}:stacks:{s.open_ts:.3f}", ts=now, fault_class=FaultClass.STRAGGLER,
+            severity=Severity.WARNING, hardware=False, where=job_location(job, node=s.node, rank=rank),
+            rule_id=DETECTOR_ID, recommended_action=Action.NOTIFY, fields=fields, evidence=(s.signal_id,),
+            message=(f"rank {rank} on {s.node} spent {s.outside:.0%} of its sampled time outside the collectives "
+                     f"(mostly in {s.where}) while its peers waited in them {wait:.0%} of theirs (outside "
+                     f"{ref:.0%}), in {s.streak} stack surveys in a row: the others wait for it"),
+        )
+
+    def forget(self, job: str) -> None:
+        """Drop what was kept about `job`."""
+        self._jobs.pop(job, None)
+
+
+def _share(labels: Mapping[str, str], key: str) -> float:
+    try:
+        return float(labels.get(key, "0") or 0)
+    except ValueError:
+        return 0.0
