@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from analyzer.records import Incident, IncidentState
 from healer import gpu_report
@@ -30,6 +30,7 @@ from healer.keys import (
     QUARANTINED_LABEL,
     UNVALIDATED_TAINT_KEY,
 )
+from healer.lease import Leader as Leader  # re-exported: the wiring names it from here
 from healer.notify import Announcement, Notifier, announce
 from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
 from healer.policy_explain import explain
@@ -56,18 +57,6 @@ AFTER_QUARANTINE = frozenset(StepKind) - QUARANTINE
 """Everything a plan does once its node is out: drain, spare swap, restore, restart, repair, notify."""
 SLOW_WAITS = frozenset({StepKind.REPAIR, StepKind.VALIDATE})
 """Steps that wait minutes to hours on work outside kmend (a repair, a health check): asked less often."""
-
-
-class Leader(Protocol):
-    """Whether this replica may act (``healer.lease.LeaderElector`` or ``AlwaysLeader``)."""
-
-    def is_leader(self) -> bool:
-        """True while this replica holds the lease."""
-        ...
-
-    def tick(self) -> bool:
-        """Acquire or renew; returns is_leader afterwards."""
-        ...
 
 
 class NotAllowed(Exception):
@@ -113,7 +102,8 @@ class Healing:
         self._synced_at = float("-inf")
         self.held = RateHeld(store, self.guard)
         self.background = Background(self.executor, self._announce, stop_before=AFTER_QUARANTINE, parallel=parallel)
-        """New plans' quarantines after their cordons (detached rounds); resumed once harvested from it."""
+        """Detached rounds' work past the cordons: new plans' quarantines and every later step; each plan is asked
+        again by the loop once harvested from it."""
 
     @property
     def notifier(self) -> Notifier:
@@ -133,11 +123,15 @@ class Healing:
         nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
         says new work has come, the round stops resuming plans so that the caller can start the next one.
 
-        ``detach`` (the service's loop): new plans' taint, label, condition and Event after their cordons, and resumed
-        plans' drains, go on in the background (``kmend.background``): the next fault's round does not wait for them.
+        ``detach`` (the service's loop): the round makes only cordons; the rest of new plans' quarantines and every
+        later step of new or resumed plans go on in the background (``kmend.background``), not before the next fault.
         """
         with self.lock:
-            touched = [self._settle(self._track(p), set_state) for p in self.background.harvest()]
+            touched = []
+            for before, done, again in self.background.harvest():
+                touched.append(self._settle(self._track(done), set_state))
+                if again:  # paced as if this round had resumed it
+                    self._pace(before, done, self.ctx.clock())
             if not self.leader.tick():
                 self.metrics.leader.set(0)
                 self._plan_ids = self._runnable = None
@@ -172,12 +166,12 @@ class Healing:
                     self._announce(Announcement.NEEDS_APPROVAL, p)
                     self._track(p)
                     touched.append(p)
-                elif not (detach and self.background.resume(p)):  # a drain goes on in the background (its task)
+                elif not (detach and self.background.resume(p)):  # its steps go on in the background (its task)
                     touched.append(self._resume(p, set_state, now))
             if interrupted() and now - self._accepted_at < self.resume_max_s:
                 return touched
             self._accepted_at = now
-            return touched + self._accept_nodes(now)
+            return touched + self._accept_nodes(now, detach)
 
     def _plan_new(self, incidents: Sequence[Incident], set_state: Callable[[str, IncidentState, str], None],
                   now: float, interrupted: Callable[[], bool], detach: bool = False) -> list[Plan]:
@@ -222,8 +216,10 @@ class Healing:
             self.store.ledger.open(ask)
         if interrupted():
             return [self._settle(p, set_state) for p in made]
+        # A detached round makes only cordons: the rest of each plan goes on in the background.
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
-                and p.id not in self.background.running() else self._settle(p, set_state) for p in made]
+                and p.id not in self.background.running() and not (detach and self.background.resume(p))
+                else self._settle(p, set_state) for p in made]
 
     def _quarantine(self, plans: list[Plan], detach: bool = False) -> list[Plan]:
         """Cordon, taint, label, condition, Event for every automatic plan, up to ``parallel`` plans at a time.
@@ -257,6 +253,11 @@ class Healing:
 
     def _resume(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None], now: float) -> Plan:
         done = self._run(plan, set_state)
+        self._pace(plan, done, now)
+        return done
+
+    def _pace(self, plan: Plan, done: Plan, now: float) -> None:
+        """When the loop asks a plan again, after it was asked (in the round or in its background task)."""
         if done.state is PlanState.RUNNING:
             # Backing off while a repair or health check takes its time keeps a hundred plans waiting on repairs
             # from filling every round; a drain, spare swap or restart is the job's downtime and is asked every
@@ -269,10 +270,9 @@ class Healing:
         else:
             self._due.pop(done.id, None)
         self.held.note(plan, done)
-        return done
 
-    def _accept_nodes(self, now: float) -> list[Plan]:
-        """Start the health check of nodes that are new or back from repair."""
+    def _accept_nodes(self, now: float, detach: bool = False) -> list[Plan]:
+        """Start the health check of nodes that are new or back from repair (``detach``: in the background)."""
         nodes = self.ctx.cluster.list_nodes()
         known, self._known_nodes = self._known_nodes, {n.name for n in nodes}
         maybe = [n.name for n in nodes if n.taint(UNVALIDATED_TAINT_KEY) or (known is not None and n.name not in known)]
@@ -282,7 +282,7 @@ class Healing:
         for c in due:
             plan = acceptance_plan(c, self.policy, now)
             self.store.save_plan(plan)
-            out.append(self._track(self.executor.execute(plan)))
+            out.append(self._track(plan if detach and self.background.resume(plan) else self.executor.execute(plan)))
         return out
 
     def node_records(self) -> dict[str, dict[str, Any]]:
