@@ -15,14 +15,12 @@ from typing import Any
 from analyzer.records import Incident, IncidentState
 from healer import gpu_report
 from healer.acceptance import Candidate, acceptance_plan, candidates
-from healer.cluster import ClusterEvent, Condition, NotFoundError, Taint
+from healer.cluster import ClusterEvent, Condition, Taint
 from healer.executor import PlanExecutor, describe
-from healer.history import node_history, node_records
-from healer.jobs import job_opted_out, jobs_bound, pods_of_job
+from healer.history import node_records
 from healer.keys import (
     CONDITION_TYPE,
     FAULT_TAINT_KEY,
-    MANAGED_LABEL,
     QUARANTINE_PLAN,
     QUARANTINE_REASON,
     QUARANTINED_AT,
@@ -32,7 +30,7 @@ from healer.keys import (
 )
 from healer.lease import Leader as Leader  # re-exported: the wiring names it from here
 from healer.notify import Announcement, Notifier, announce
-from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
+from healer.policy import PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
 from healer.policy_explain import explain
 from healer.policy_file import PolicyFile
 from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, StepState
@@ -40,10 +38,10 @@ from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
 from healer.steps.node import set_health
-from healer.workloads import PodInfo
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.metrics import Metrics
+from kmend.plan_context import plan_context
 from kmend.store import Store
 
 log = logging.getLogger("kmend.healer")
@@ -101,6 +99,8 @@ class Healing:
         """How often the runnable ids are read again from the journal (a plan another replica's API saved)."""
         self._synced_at = float("-inf")
         self.held = RateHeld(store, self.guard)
+        self.detached = False
+        """The service's loop runs detached rounds: an operator's run leaves its later steps to the background."""
         self.background = Background(self.executor, self._announce, stop_before=AFTER_QUARANTINE, parallel=parallel)
         """Detached rounds' work past the cordons: new plans' quarantines and every later step; each plan is asked
         again by the loop once harvested from it."""
@@ -127,6 +127,7 @@ class Healing:
         later step of new or resumed plans go on in the background (``kmend.background``), not before the next fault.
         """
         with self.lock:
+            self.detached = self.detached or detach
             touched = []
             for before, done, again in self.background.harvest():
                 touched.append(self._settle(self._track(done), set_state))
@@ -194,7 +195,7 @@ class Healing:
             if (wait := explain(inc, self.policy, now).evidence_wait) is not None:
                 log.debug("incident %s: no plan yet: %s", inc.id, wait)
                 continue
-            ctx = self._context(inc, now)
+            ctx = plan_context(self.ctx, self.store, self.policy, inc, now)
             if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
                 continue
             plan = choose_plan(inc, self.policy, self.config, ctx)
@@ -273,8 +274,10 @@ class Healing:
 
     def _accept_nodes(self, now: float, detach: bool = False) -> list[Plan]:
         """Start the health check of nodes that are new or back from repair (``detach``: in the background)."""
-        nodes = self.ctx.cluster.list_nodes()
-        known, self._known_nodes = self._known_nodes, {n.name for n in nodes}
+        busy, nodes, known = self.background.busy_nodes(), self.ctx.cluster.list_nodes(), self._known_nodes
+        self._known_nodes = {n.name for n in nodes if known is None or n.name in known or n.name not in busy}
+        # A node whose steps go on in the background (its own check, a plan) is looked at once they are done.
+        nodes = [n for n in nodes if n.name not in busy]
         maybe = [n.name for n in nodes if n.taint(UNVALIDATED_TAINT_KEY) or (known is not None and n.name not in known)]
         # The common round has nothing to check: only those nodes' plans are read from the journal.
         due = candidates(nodes, known, [p for n in maybe for p in self.store.list_plans(node=n)], self.policy)
@@ -288,6 +291,15 @@ class Healing:
     def node_records(self) -> dict[str, dict[str, Any]]:
         """Per node: the last health check, hardware faults and MTBI within the lemon window, the lemon verdict."""
         return node_records(self.store.list_plans(), self.policy.safety, self.ctx.clock())
+
+    def _run_now(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
+        """An operator's run (approve, execute): under the service's loop, the node is out when it returns and the
+        drain and every later step go on in the background, not in the lock that every healer round takes."""
+        if not self.detached:
+            return self._run(plan, set_state)
+        done = self._settle(self._track(self.executor.execute(plan, stop_before=AFTER_QUARANTINE)), set_state)
+        self.background.resume(done)  # the loop asks it again once its task is done (or its node's is)
+        return done
 
     def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
         return self._settle(self._track(self.executor.execute(plan)), set_state)
@@ -311,52 +323,6 @@ class Healing:
             elif quarantined:
                 set_state(done.incident_id, IncidentState.REMEDIATING, f"node {done.node} quarantined by {done.id}")
         return done
-
-    def _context(self, inc: Incident, now: float) -> PlanContext:
-        node = inc.root_cause.node
-        labels: dict[str, str] = {}
-        opted_out = ""
-        if node:
-            try:
-                # From the node watch where there is one: the cordon checks the opt-out again on the version it writes.
-                info = self.ctx.cluster.peek_node(node)
-                labels = dict(info.labels)
-                if info.labels.get(MANAGED_LABEL) == "false":
-                    opted_out = f"node {node} has {MANAGED_LABEL}=false"
-            except NotFoundError:
-                pass
-        job = inc.root_cause.job
-        on_node: list[PodInfo] = []
-        if node and inc.hardware:
-            # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
-            # From the pod watch where it is in sync (a list otherwise): no request before the plan.
-            on_node = [p for p in self.ctx.workloads.pods_on_node(node) if p.node and not p.terminating]
-            bound = jobs_bound(on_node)
-            job = job if job in bound else (bound[0] if len(bound) == 1 else "")
-        namespace = None
-        if job:
-            # Job names repeat across namespaces: the incident's namespace when the evidence gave one,
-            # else the one whose pod runs on the node is the one hurt.
-            ns = inc.root_cause.namespace if job == inc.root_cause.job else None
-            pods = pods_of_job(on_node, job, ns) or pods_of_job(self.ctx.workloads.list_pods(namespace=ns), job, ns)
-            if pods:
-                namespace = pods[0].namespace
-                opted_out = opted_out or job_opted_out(self.ctx.workloads, pods[0].namespace, job,
-                                                         [dict(p.labels) for p in pods[:1]])
-            else:
-                namespace = ns
-        held = None
-        in_cooldown = False
-        history = self.store.list_plans(node=node) if node else []
-        for p in history:
-            if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
-                held = p.id
-            elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
-                    and any(s.kind is StepKind.CORDON for s in p.steps):
-                in_cooldown = True
-        attempts, lemon = node_history(history, self.policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
-        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
-                           lemon=lemon)
 
     def _count_step(self, plan: Plan, step: Any) -> None:
         self.metrics.actions.labels(step.kind.value, step.state.value).inc()
@@ -390,7 +356,7 @@ class Healing:
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}, not awaiting approval")
             plan = replace(plan, mode=Mode.AUTO, state=PlanState.RUNNING, reason=f"{plan.reason} | approved by {by}")
             self.store.save_plan(plan)
-            return self._run(plan, set_state)
+            return self._run_now(plan, set_state)
 
     def reject(self, plan_id: str, by: str) -> Plan:
         """Refuse a plan that waits for approval (or is blocked)."""
@@ -423,7 +389,7 @@ class Healing:
             plan = replace(plan, mode=Mode.AUTO, state=PlanState.RUNNING, steps=steps,
                            reason=f"{plan.reason.split(' | ')[0]} | executed by {by}")
             self.store.save_plan(plan)
-            return self._run(plan, set_state), preview
+            return self._run_now(plan, set_state), preview
 
     def quarantine(self, node: str, by: str, reason: str) -> Plan:
         """An operator's quarantine, journaled like any plan."""

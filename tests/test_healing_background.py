@@ -189,3 +189,34 @@ def test_a_new_nodes_slow_health_check_does_not_hold_back_another_nodes_cordon(
     assert gate.calls == 1  # the Job created once
     assert check.policy.startswith("acceptance/") and [s.kind for s in check.steps] == [
         StepKind.TAINT, StepKind.VALIDATE, StepKind.ACCEPT]
+
+
+IB_ERROR_12 = ("llama-worker-2:946:988 [0] transport/net_ib.cc:839 NCCL WARN NET/IB : Got completion with error 12, "
+               "opcode 1, len 0, vendor err 129")
+"""A fabric error: a person approves the replace-node plan (network-approval)."""
+
+
+def test_an_approved_plans_slow_drain_does_not_hold_back_another_nodes_cordon(
+        shipped_rules: list[Rule], tmp_path: Path) -> None:
+    h = _harness(tmp_path, tmp_path / "ck")
+    heal = h.healing()
+    gate = Gate(h.workloads, "evict_pod")  # the approved plan's drain: an eviction the server holds
+    incidents = [incident(shipped_rules, [container(BAD, IB_ERROR_12, job="llama", rank=2)])]
+    approved: list[Plan] = []
+    with _loop(h, heal, incidents) as errors:
+        waiting = _until("the plan awaiting approval", lambda: next(
+            (p for p in h.store.list_plans(node=BAD) if p.state is PlanState.AWAITING_APPROVAL), None))
+        # The operator's request (the API's thread): it returns once the node is out, not after the drain.
+        operator = threading.Thread(target=lambda: approved.append(heal.approve(waiting.id, "ops", _no_state)))
+        operator.start()
+        took = _second_fault_is_cordoned(h, shipped_rules, incidents, gate)
+        operator.join(timeout=60)
+        done = _until(f"{BAD}'s plan at its repair", lambda: (p := _plan_of(h, BAD, "replace-node")) is not None
+                      and any(s.kind is StepKind.REPAIR and s.state is StepState.WAITING for s in p.steps) and p)
+    assert not errors, errors
+    assert took < BOUND_S
+    assert approved and approved[0].state is PlanState.RUNNING and "approved by ops" in approved[0].reason
+    assert next(s for s in done.steps if s.kind is StepKind.DRAIN).state is StepState.SUCCEEDED
+    assert gate.calls == 1  # the rank on the node evicted once
+    ops = h.world.applied()
+    assert ops.count(("cordon", BAD)) == 1 and ops.count(("cordon", OTHER)) == 1, ops
