@@ -1,7 +1,7 @@
 """Back-to-back faults under `kmend serve --cluster kube`: a second node's cordon does not wait for the first plan's
 taint, label, condition and Event writes (here each takes half a second on the server), nor for the drain the loop
-resumes for it (evictions that take seconds each), while each node's own steps still reach the server in the plan's
-order, each once, and both quarantines complete."""
+resumes for it or an operator's approval starts (evictions that take seconds each), while each node's own steps still
+reach the server in the plan's order, each once, and both quarantines complete."""
 
 from __future__ import annotations
 
