@@ -65,6 +65,18 @@ class Leases(Protocol):
         ...
 
 
+class Leader(Protocol):
+    """Whether this replica may act (``LeaderElector`` or ``AlwaysLeader``)."""
+
+    def is_leader(self) -> bool:
+        """True while this replica holds the lease."""
+        ...
+
+    def tick(self) -> bool:
+        """Acquire or renew; returns is_leader afterwards."""
+        ...
+
+
 class LeaderElector:
     """Acquires and renews one Lease; ``is_leader`` is true only while a renewal is fresh.
 

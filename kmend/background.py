@@ -7,11 +7,12 @@ this pool: one task per plan, so a node's steps still follow each other; the exe
 before it acts and asks the brakes one step at a time. A plan is resumed by the loop only once its task is done, in
 the loop's next round (not at once: the drain it resumes must not sit in front of the next fault's cordon).
 
-A plan the loop resumes at its drain goes on here too (``resume``): the drain's evictions (a PodDisruptionBudget or a
-slow server can hold each for long) and the spare swap, checkpoint and restart after it run as one task, to the
-plan's next wait, while the loop's rounds keep cordoning new faults. One task per node at a time keeps a node's
-steps in order; the executor journals each step before it acts, as in a round, so a kill -9 mid-drain resumes the
-plan from the journal and nothing is done twice.
+Every step after the quarantine goes on here too (``resume``): a drain's evictions (a PodDisruptionBudget or a slow
+server can hold each for long), the spare swap, a checkpoint's discovery and restore, the restart, a repair or health
+check asked again, and a node's acceptance check, whether the plan was made in this round or resumed: each runs as one
+task, to the plan's next wait, while the loop's rounds keep cordoning new faults. One task per node at a time keeps a
+node's steps in order; the executor journals each step before it acts, as in a round, so a kill -9 mid-step resumes
+the plan from the journal and nothing is done twice.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from healer.executor import PlanExecutor
 from healer.notify import Announcement
-from healer.records import DONE_STEP_STATES, Plan, PlanState, StepKind
+from healer.records import DONE_STEP_STATES, Mode, Plan, PlanState, StepKind
 
 log = logging.getLogger("kmend.healer")
 
@@ -37,7 +38,7 @@ def next_kind(plan: Plan) -> StepKind | None:
 
 
 class Background:
-    """The rest of new plans' quarantines and resumed plans' drains, one task per plan, up to ``parallel`` at a time."""
+    """The rest of new plans' quarantines and every later step, one task per plan, up to ``parallel`` at a time."""
 
     def __init__(self, executor: PlanExecutor, announce: Callable[[Announcement, Plan], None], *,
                  stop_before: frozenset[StepKind], parallel: int) -> None:
@@ -46,26 +47,29 @@ class Background:
         self.stop_before = stop_before
         """Where each task stops (the steps after the quarantine are the loop's)."""
         self.parallel = parallel
-        self._tasks: dict[str, tuple[str, Future[Plan]]] = {}
-        """Per plan: its node and its task."""
+        self._tasks: dict[str, tuple[str, Plan, bool, Future[Plan]]] = {}
+        """Per plan: its node, the plan as the task got it, whether the loop resumed it (not a new quarantine), its
+        task."""
         self._pool: ThreadPoolExecutor | None = None
 
     def _submit(self, plan: Plan, resumed: bool) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="kmend-quarantine")
         task = self._pool.submit(self._resume if resumed else self._run, plan)
-        self._tasks[plan.id] = (plan.node or "", task)
+        self._tasks[plan.id] = (plan.node or "", plan, resumed, task)
 
     def start(self, plan: Plan) -> None:
         """Run the plan on up to ``stop_before`` in the background."""
         self._submit(plan, resumed=False)
 
     def resume(self, plan: Plan) -> bool:
-        """Take a plan the loop resumes at its drain: it runs here to its next wait, failure or end. False (the loop
-        runs it) for a plan at another step; one whose node has a task still running waits for a later round."""
-        if plan.state is not PlanState.RUNNING or next_kind(plan) is not StepKind.DRAIN:
+        """Take a plan the loop would run in its round: it runs here to its next wait, failure or end. False (the loop
+        runs it) for a plan that is not running or pending, or a dry run (it only writes the journal); one whose node
+        has a task still running waits for a later round."""
+        if plan.state not in (PlanState.RUNNING, PlanState.PENDING) or plan.mode is Mode.DRY_RUN \
+                or next_kind(plan) is None:
             return False
-        if (plan.node or "") not in self.busy_nodes():
+        if plan.id not in self._tasks and (plan.node or "") not in self.busy_nodes():
             self._submit(plan, resumed=True)
         return True
 
@@ -75,24 +79,25 @@ class Background:
 
     def busy_nodes(self) -> set[str]:
         """Nodes with a task not yet harvested: a second task for one of them waits (a node's steps stay in order)."""
-        return {node for node, _ in self._tasks.values() if node}
+        return {node for node, *_ in self._tasks.values() if node}
 
-    def harvest(self) -> list[Plan]:
-        """The plans whose task has finished, as it left them (a failed task's plan is resumed from the journal)."""
+    def harvest(self) -> list[tuple[Plan, Plan, bool]]:
+        """The plans whose task has finished: each as the task got it, as the task left it, and whether the loop had
+        resumed it (a failed task's plan is resumed from the journal)."""
         out = []
-        for pid, (_, task) in list(self._tasks.items()):
+        for pid, (_, before, resumed, task) in list(self._tasks.items()):
             if not task.done():
                 continue
             del self._tasks[pid]
             try:
-                out.append(task.result())
+                out.append((before, task.result(), resumed))
             except Exception:
                 log.exception("plan %s failed in the background", pid)
         return out
 
     def wait(self, *, plan_id: str | None = None, node: str | None = None, timeout: float = 60.0) -> None:
         """Wait for the tasks of this plan or node: a runbook operation on them must come after their writes."""
-        for pid, (on, task) in list(self._tasks.items()):
+        for pid, (on, _, _, task) in list(self._tasks.items()):
             if pid == plan_id or (node is not None and on == node):
                 with contextlib.suppress(Exception):
                     task.result(timeout=timeout)

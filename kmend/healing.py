@@ -10,19 +10,17 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 from analyzer.records import Incident, IncidentState
 from healer import gpu_report
 from healer.acceptance import Candidate, acceptance_plan, candidates
-from healer.cluster import ClusterEvent, Condition, NotFoundError, Taint
+from healer.cluster import ClusterEvent, Condition, Taint
 from healer.executor import PlanExecutor, describe
-from healer.history import node_history, node_records
-from healer.jobs import job_opted_out, jobs_bound, pods_of_job
+from healer.history import node_records
 from healer.keys import (
     CONDITION_TYPE,
     FAULT_TAINT_KEY,
-    MANAGED_LABEL,
     QUARANTINE_PLAN,
     QUARANTINE_REASON,
     QUARANTINED_AT,
@@ -30,8 +28,9 @@ from healer.keys import (
     QUARANTINED_LABEL,
     UNVALIDATED_TAINT_KEY,
 )
+from healer.lease import Leader as Leader  # re-exported: the wiring names it from here
 from healer.notify import Announcement, Notifier, announce
-from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
+from healer.policy import PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
 from healer.policy_explain import explain
 from healer.policy_file import PolicyFile
 from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, StepState
@@ -39,10 +38,10 @@ from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
 from healer.steps.node import set_health
-from healer.workloads import PodInfo
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.metrics import Metrics
+from kmend.plan_context import plan_context
 from kmend.store import Store
 
 log = logging.getLogger("kmend.healer")
@@ -56,18 +55,6 @@ AFTER_QUARANTINE = frozenset(StepKind) - QUARANTINE
 """Everything a plan does once its node is out: drain, spare swap, restore, restart, repair, notify."""
 SLOW_WAITS = frozenset({StepKind.REPAIR, StepKind.VALIDATE})
 """Steps that wait minutes to hours on work outside kmend (a repair, a health check): asked less often."""
-
-
-class Leader(Protocol):
-    """Whether this replica may act (``healer.lease.LeaderElector`` or ``AlwaysLeader``)."""
-
-    def is_leader(self) -> bool:
-        """True while this replica holds the lease."""
-        ...
-
-    def tick(self) -> bool:
-        """Acquire or renew; returns is_leader afterwards."""
-        ...
 
 
 class NotAllowed(Exception):
@@ -112,8 +99,11 @@ class Healing:
         """How often the runnable ids are read again from the journal (a plan another replica's API saved)."""
         self._synced_at = float("-inf")
         self.held = RateHeld(store, self.guard)
+        self.detached = False
+        """The service's loop runs detached rounds: an operator's run leaves its later steps to the background."""
         self.background = Background(self.executor, self._announce, stop_before=AFTER_QUARANTINE, parallel=parallel)
-        """New plans' quarantines after their cordons (detached rounds); resumed once harvested from it."""
+        """Detached rounds' work past the cordons: new plans' quarantines and every later step; each plan is asked
+        again by the loop once harvested from it."""
 
     @property
     def notifier(self) -> Notifier:
@@ -133,11 +123,16 @@ class Healing:
         nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
         says new work has come, the round stops resuming plans so that the caller can start the next one.
 
-        ``detach`` (the service's loop): new plans' taint, label, condition and Event after their cordons, and resumed
-        plans' drains, go on in the background (``kmend.background``): the next fault's round does not wait for them.
+        ``detach`` (the service's loop): the round makes only cordons; the rest of new plans' quarantines and every
+        later step of new or resumed plans go on in the background (``kmend.background``), not before the next fault.
         """
         with self.lock:
-            touched = [self._settle(self._track(p), set_state) for p in self.background.harvest()]
+            self.detached = self.detached or detach
+            touched = []
+            for before, done, again in self.background.harvest():
+                touched.append(self._settle(self._track(done), set_state))
+                if again:  # paced as if this round had resumed it
+                    self._pace(before, done, self.ctx.clock())
             if not self.leader.tick():
                 self.metrics.leader.set(0)
                 self._plan_ids = self._runnable = None
@@ -172,12 +167,12 @@ class Healing:
                     self._announce(Announcement.NEEDS_APPROVAL, p)
                     self._track(p)
                     touched.append(p)
-                elif not (detach and self.background.resume(p)):  # a drain goes on in the background (its task)
+                elif not (detach and self.background.resume(p)):  # its steps go on in the background (its task)
                     touched.append(self._resume(p, set_state, now))
             if interrupted() and now - self._accepted_at < self.resume_max_s:
                 return touched
             self._accepted_at = now
-            return touched + self._accept_nodes(now)
+            return touched + self._accept_nodes(now, detach)
 
     def _plan_new(self, incidents: Sequence[Incident], set_state: Callable[[str, IncidentState, str], None],
                   now: float, interrupted: Callable[[], bool], detach: bool = False) -> list[Plan]:
@@ -200,7 +195,7 @@ class Healing:
             if (wait := explain(inc, self.policy, now).evidence_wait) is not None:
                 log.debug("incident %s: no plan yet: %s", inc.id, wait)
                 continue
-            ctx = self._context(inc, now)
+            ctx = plan_context(self.ctx, self.store, self.policy, inc, now)
             if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
                 continue
             plan = choose_plan(inc, self.policy, self.config, ctx)
@@ -222,8 +217,10 @@ class Healing:
             self.store.ledger.open(ask)
         if interrupted():
             return [self._settle(p, set_state) for p in made]
+        # A detached round makes only cordons: the rest of each plan goes on in the background.
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
-                and p.id not in self.background.running() else self._settle(p, set_state) for p in made]
+                and p.id not in self.background.running() and not (detach and self.background.resume(p))
+                else self._settle(p, set_state) for p in made]
 
     def _quarantine(self, plans: list[Plan], detach: bool = False) -> list[Plan]:
         """Cordon, taint, label, condition, Event for every automatic plan, up to ``parallel`` plans at a time.
@@ -257,6 +254,11 @@ class Healing:
 
     def _resume(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None], now: float) -> Plan:
         done = self._run(plan, set_state)
+        self._pace(plan, done, now)
+        return done
+
+    def _pace(self, plan: Plan, done: Plan, now: float) -> None:
+        """When the loop asks a plan again, after it was asked (in the round or in its background task)."""
         if done.state is PlanState.RUNNING:
             # Backing off while a repair or health check takes its time keeps a hundred plans waiting on repairs
             # from filling every round; a drain, spare swap or restart is the job's downtime and is asked every
@@ -269,12 +271,13 @@ class Healing:
         else:
             self._due.pop(done.id, None)
         self.held.note(plan, done)
-        return done
 
-    def _accept_nodes(self, now: float) -> list[Plan]:
-        """Start the health check of nodes that are new or back from repair."""
-        nodes = self.ctx.cluster.list_nodes()
-        known, self._known_nodes = self._known_nodes, {n.name for n in nodes}
+    def _accept_nodes(self, now: float, detach: bool = False) -> list[Plan]:
+        """Start the health check of nodes that are new or back from repair (``detach``: in the background)."""
+        busy, nodes, known = self.background.busy_nodes(), self.ctx.cluster.list_nodes(), self._known_nodes
+        self._known_nodes = {n.name for n in nodes if known is None or n.name in known or n.name not in busy}
+        # A node whose steps go on in the background (its own check, a plan) is looked at once they are done.
+        nodes = [n for n in nodes if n.name not in busy]
         maybe = [n.name for n in nodes if n.taint(UNVALIDATED_TAINT_KEY) or (known is not None and n.name not in known)]
         # The common round has nothing to check: only those nodes' plans are read from the journal.
         due = candidates(nodes, known, [p for n in maybe for p in self.store.list_plans(node=n)], self.policy)
@@ -282,12 +285,21 @@ class Healing:
         for c in due:
             plan = acceptance_plan(c, self.policy, now)
             self.store.save_plan(plan)
-            out.append(self._track(self.executor.execute(plan)))
+            out.append(self._track(plan if detach and self.background.resume(plan) else self.executor.execute(plan)))
         return out
 
     def node_records(self) -> dict[str, dict[str, Any]]:
         """Per node: the last health check, hardware faults and MTBI within the lemon window, the lemon verdict."""
         return node_records(self.store.list_plans(), self.policy.safety, self.ctx.clock())
+
+    def _run_now(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
+        """An operator's run (approve, execute): under the service's loop, the node is out when it returns and the
+        drain and every later step go on in the background, not in the lock that every healer round takes."""
+        if not self.detached:
+            return self._run(plan, set_state)
+        done = self._settle(self._track(self.executor.execute(plan, stop_before=AFTER_QUARANTINE)), set_state)
+        self.background.resume(done)  # the loop asks it again once its task is done (or its node's is)
+        return done
 
     def _run(self, plan: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
         return self._settle(self._track(self.executor.execute(plan)), set_state)
@@ -311,52 +323,6 @@ class Healing:
             elif quarantined:
                 set_state(done.incident_id, IncidentState.REMEDIATING, f"node {done.node} quarantined by {done.id}")
         return done
-
-    def _context(self, inc: Incident, now: float) -> PlanContext:
-        node = inc.root_cause.node
-        labels: dict[str, str] = {}
-        opted_out = ""
-        if node:
-            try:
-                # From the node watch where there is one: the cordon checks the opt-out again on the version it writes.
-                info = self.ctx.cluster.peek_node(node)
-                labels = dict(info.labels)
-                if info.labels.get(MANAGED_LABEL) == "false":
-                    opted_out = f"node {node} has {MANAGED_LABEL}=false"
-            except NotFoundError:
-                pass
-        job = inc.root_cause.job
-        on_node: list[PodInfo] = []
-        if node and inc.hardware:
-            # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
-            # From the pod watch where it is in sync (a list otherwise): no request before the plan.
-            on_node = [p for p in self.ctx.workloads.pods_on_node(node) if p.node and not p.terminating]
-            bound = jobs_bound(on_node)
-            job = job if job in bound else (bound[0] if len(bound) == 1 else "")
-        namespace = None
-        if job:
-            # Job names repeat across namespaces: the incident's namespace when the evidence gave one,
-            # else the one whose pod runs on the node is the one hurt.
-            ns = inc.root_cause.namespace if job == inc.root_cause.job else None
-            pods = pods_of_job(on_node, job, ns) or pods_of_job(self.ctx.workloads.list_pods(namespace=ns), job, ns)
-            if pods:
-                namespace = pods[0].namespace
-                opted_out = opted_out or job_opted_out(self.ctx.workloads, pods[0].namespace, job,
-                                                         [dict(p.labels) for p in pods[:1]])
-            else:
-                namespace = ns
-        held = None
-        in_cooldown = False
-        history = self.store.list_plans(node=node) if node else []
-        for p in history:
-            if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
-                held = p.id
-            elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
-                    and any(s.kind is StepKind.CORDON for s in p.steps):
-                in_cooldown = True
-        attempts, lemon = node_history(history, self.policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
-        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
-                           lemon=lemon)
 
     def _count_step(self, plan: Plan, step: Any) -> None:
         self.metrics.actions.labels(step.kind.value, step.state.value).inc()
@@ -390,7 +356,7 @@ class Healing:
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}, not awaiting approval")
             plan = replace(plan, mode=Mode.AUTO, state=PlanState.RUNNING, reason=f"{plan.reason} | approved by {by}")
             self.store.save_plan(plan)
-            return self._run(plan, set_state)
+            return self._run_now(plan, set_state)
 
     def reject(self, plan_id: str, by: str) -> Plan:
         """Refuse a plan that waits for approval (or is blocked)."""
@@ -423,7 +389,7 @@ class Healing:
             plan = replace(plan, mode=Mode.AUTO, state=PlanState.RUNNING, steps=steps,
                            reason=f"{plan.reason.split(' | ')[0]} | executed by {by}")
             self.store.save_plan(plan)
-            return self._run(plan, set_state), preview
+            return self._run_now(plan, set_state), preview
 
     def quarantine(self, node: str, by: str, reason: str) -> Plan:
         """An operator's quarantine, journaled like any plan."""

@@ -390,7 +390,8 @@ class FakeApiServer:
         return self._status(404, "NotFound", f"the server could not find the requested resource {path}")
 
     def _lease(self, method: str, ns: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
-        """Leases: create (409 if it exists), get, replace guarded by metadata.resourceVersion (409 if stale).
+        """Leases: create (409 if it exists), get, replace guarded by metadata.resourceVersion (409 if stale, 422
+        if missing; 400 for a body naming another lease).
 
         ``acquireTime`` and ``renewTime`` are MicroTime: the API server parses them as RFC 3339 with exactly
         six fractional digits and answers 400 to anything else."""
@@ -407,12 +408,19 @@ class FakeApiServer:
             lease["metadata"].update(namespace=ns, resourceVersion=str(next(self._rv)))
             self.leases[(ns, name)] = lease
             return 201, copy.deepcopy(lease)
+        if method == "PUT" and (body.get("metadata") or {}).get("name") != name:  # before the lookup, as v1.24 does
+            return self._status(400, "BadRequest", f"the name of the object ({body['metadata'].get('name')}) does "
+                                                   f"not match the name on the URL ({name})")
         current = self.leases.get((ns, name or ""))
         if current is None:
             return self._status(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
         if method == "GET":
             return 200, copy.deepcopy(current)
         if method == "PUT":
+            if not body["metadata"].get("resourceVersion"):  # an update is never unconditional: 422, not a conflict
+                return self._status(422, "Invalid", f'leases.coordination.k8s.io "{name}" is invalid: '
+                                                    "metadata.resourceVersion: Invalid value: 0x0: must be specified "
+                                                    "for an update")
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                 return self._status(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io '
                                     f'"{name}": the object has been modified')

@@ -319,3 +319,28 @@ def test_binding_a_pod_with_scheduling_gates_is_409(core: tuple[FakeApiServer, c
     assert json.loads(err.value.body)["message"] == ('Operation cannot be fulfilled on pods/binding "w-0": '
                                                      "pod w-0 has non-empty .spec.schedulingGates")
     assert not api.read_namespaced_pod("w-0", "team-a").spec.node_name
+
+
+def test_a_lease_update_without_its_resource_version_or_naming_another_lease_is_refused(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    """As kube-apiserver v1.24 answers (checked by hand): an update is never unconditional (422 naming
+    metadata.resourceVersion, not a 409 a client would read as a lost election), and a body naming another
+    lease is a bad request before the lease is looked up; neither changes the lease."""
+    server, _ = core
+    where = "/apis/coordination.k8s.io/v1/namespaces/kmend-system/leases"
+    code, lease, _ = _raw(server, "POST", where, {"metadata": {"name": "kmend"}, "spec": {"holderIdentity": "a"}},
+                          "application/json")
+    assert code == 201
+    code, out, _ = _raw(server, "PUT", f"{where}/kmend", {"metadata": {"name": "kmend"},
+                                                          "spec": {"holderIdentity": "b"}}, "application/json")
+    assert code == 422 and "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update" in \
+        out["message"], out
+    renamed = {"metadata": {**lease["metadata"], "name": "other"}, "spec": {"holderIdentity": "b"}}
+    for target in ("kmend", "missing"):
+        code, out, _ = _raw(server, "PUT", f"{where}/{target}", renamed, "application/json")
+        assert code == 400 and f"the name of the object (other) does not match the name on the URL ({target})" in \
+            out["message"], out
+    assert server.leases[("kmend-system", "kmend")]["spec"] == {"holderIdentity": "a"}
+    code, _, _ = _raw(server, "PUT", f"{where}/kmend", {"metadata": lease["metadata"],
+                                                        "spec": {"holderIdentity": "b"}}, "application/json")
+    assert code == 200 and server.leases[("kmend-system", "kmend")]["spec"] == {"holderIdentity": "b"}

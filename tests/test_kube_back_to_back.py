@@ -1,7 +1,7 @@
 """Back-to-back faults under `kmend serve --cluster kube`: a second node's cordon does not wait for the first plan's
 taint, label, condition and Event writes (here each takes half a second on the server), nor for the drain the loop
-resumes for it (evictions that take seconds each), while each node's own steps still reach the server in the plan's
-order, each once, and both quarantines complete."""
+resumes for it or an operator's approval starts (evictions that take seconds each), while each node's own steps still
+reach the server in the plan's order, each once, and both quarantines complete."""
 
 from __future__ import annotations
 
@@ -170,5 +170,81 @@ def test_a_second_fault_is_cordoned_while_the_first_plans_drain_is_still_evictin
         # On the previous loop the cordon waited for the rest of the resumed drain: at least two more evictions.
         assert cordoned - t0 < EVICT_S, (cordoned - t0, seen)
         # The first node's steps stay in order, each once: its quarantine before any eviction, each pod evicted once.
+        assert writes("gpu-1", "event")[0] < writes("gpu-1", "evicting")[0], seen
+        assert len(writes("gpu-1", "evicting")) == 3 and len(writes("gpu-1", "cordon")) == 1, seen
+
+
+IB_ERROR_12 = ("llama-worker-1:946:988 [0] transport/net_ib.cc:839 NCCL WARN NET/IB : Got completion with error 12, "
+               "opcode 1, len 0, vendor err 129")
+"""A fabric error on the first node: its replace-node plan waits for a person (network-approval)."""
+
+
+def test_a_second_fault_is_cordoned_while_an_approved_plans_drain_is_still_evicting(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        for i in range(40):  # enough nodes that the breaker lets two quarantines through
+            api.add_node(f"gpu-{i}")
+        api.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+        job = api.add_object("kubeflow.org", "v1", "pytorchjobs", "training", {"metadata": {"name": "llama"}})
+        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama",
+                 "uid": job["metadata"]["uid"], "controller": True}
+        for rank in range(3):  # three of the job's pods on the first node: three slow evictions
+            api.add_pod("training", f"llama-worker-{rank}", node="gpu-1", phase="Running", owners=[owner],
+                        requests={"nvidia.com/gpu": "2"},
+                        labels={"training.kubeflow.org/job-name": "llama", "kmend.io/job": "llama"})
+        seen: list[tuple[str, str, float]] = []
+        lock = threading.Lock()
+        handle = api.handle
+
+        def timed(method: str, path: str, body: Any, ctype: str,
+                  query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+            write = _write_of(method, path, body)
+            if method == "POST" and path.endswith("/eviction"):
+                write = ("gpu-1", "eviction")
+                with lock:
+                    seen.append(("gpu-1", "evicting", time.monotonic()))
+                time.sleep(EVICT_S)
+            code, answer = handle(method, path, body, ctype, query)
+            if write is not None and code < 300:
+                with lock:
+                    seen.append((*write, time.monotonic()))
+            return code, answer
+
+        api.handle = timed  # type: ignore[method-assign]
+        served = start_serve(tmp_path, "serve", {"KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
+                                                 **kube_serve_env(tmp_path, api.url, "t"),
+                                                 "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}"})
+
+        def writes(node: str, what: str) -> list[float]:
+            with lock:
+                return [t for n, w, t in seen if n == node and w == what]
+
+        approved: list[httpx.Response] = []
+        try:
+            served.wait_ready()
+            with httpx.Client(base_url=served.url, headers={"authorization": "Bearer i"}, timeout=30) as agent, \
+                    httpx.Client(base_url=served.url, headers={"authorization": "Bearer o"}, timeout=60) as operator:
+                agent.post("/v1/signals", json={"signals": [
+                    to_wire(container("gpu-1", IB_ERROR_12, job="llama", rank=1, pod="llama-worker-1"))]}
+                           ).raise_for_status()
+                plan = _until("the plan awaiting approval", lambda: next(iter(operator.get(
+                    "/v1/plans", params={"state": "awaiting_approval"}).json()["plans"]), None))
+                # The operator's approval, as `kmend approve` sends it, from a thread of its own.
+                approving = threading.Thread(target=lambda: approved.append(
+                    operator.post(f"/v1/plans/{plan['id']}/approve")))
+                approving.start()
+                _until("the approved plan's drain evicting", lambda: writes("gpu-1", "evicting"))
+                t0 = time.monotonic()
+                agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
+                cordoned = _until("gpu-2 cordoned", lambda: writes("gpu-2", "cordon"))[0]
+                approving.join(timeout=60)
+                _until("the drain's three evictions", lambda: len(writes("gpu-1", "eviction")) == 3)
+                _until("gpu-2's quarantine Event", lambda: writes("gpu-2", "event"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nwrites: {seen}\n{served.tail()}") from None
+        finally:
+            served.stop()
+        # On the previous service the approval ran the drain inside the lock every healer round takes.
+        assert cordoned - t0 < EVICT_S, (cordoned - t0, seen)
+        assert approved and approved[0].status_code == 200 and approved[0].json()["state"] == "running", approved
         assert writes("gpu-1", "event")[0] < writes("gpu-1", "evicting")[0], seen
         assert len(writes("gpu-1", "evicting")) == 3 and len(writes("gpu-1", "cordon")) == 1, seen
