@@ -163,6 +163,8 @@ def test_healthy_ranks_a_one_off_hiccup_and_a_checkpoint_on_rank_0_name_nobody()
     assert _run(detector, book, 6, lambda k, r: (0.05, 0.95) if (r, k % 2) == (1, 0) else healthy[r]) == []
     # Rank 0 writes the checkpoint in every survey while the others wait in the barrier: busy, not slow.
     assert _run(detector, book, 4, lambda k, r: (0.05, 0.05) if r == 0 else (0.9, 0.1)) == []
+    # Two ranks (a pipeline stage, say) work while the two others wait: a role, not one slow rank.
+    assert _run(detector, book, 4, lambda k, r: (0.1, 0.9) if r in (0, 1) else (0.85, 0.15)) == []
 
 
 def test_a_survey_of_a_finished_or_silent_job_names_nobody() -> None:

@@ -7,7 +7,7 @@ alike; when one rank is slow, its peers spend the difference waiting in the coll
 and it spends it elsewhere (its own code, its data loader, a starved CPU). A rank is a
 straggler when, in `persistence` surveys in a row, its share outside the collectives and
 the healthy busy places (checkpoint, evaluation) is at least `ratio` times its peers'
-median and `min_gap` above it, while its peers spend at least `peers_wait` of their time
+median and `min_gap` above every peer's, while its peers spend at least `peers_wait` of their time
 in collectives. Ranks need `min_samples` samples in a survey to count; a job that is not
 progressing (a hang is the hang detector's) or has finished is not judged.
 """
@@ -38,7 +38,7 @@ class SurveyConfig:
     ratio: float = 2.0
     """The rank's share outside collectives, over its peers' median."""
     min_gap: float = 0.15
-    """... and at least this much above it (absolute share)."""
+    """... and at least this much above the highest of its peers' (absolute share)."""
     peers_wait: float = 0.3
     """Median share of the peers' time in collectives (they wait for the slow one)."""
     persistence: int = 2
@@ -121,8 +121,10 @@ class SurveyDetector:
                 s.counted = s.ts
                 peers = [p for q, p in ranks.items() if q != r]
                 ref, wait = median(p.outside for p in peers), median(p.collective for p in peers)
+                # It stands alone: two ranks that both work while the rest wait are a role (a pipeline
+                # stage, rank 0's logging), not a straggler.
                 flagged = (wait >= cfg.peers_wait and s.outside >= cfg.ratio * ref
-                           and s.outside - ref >= cfg.min_gap and all(s.outside > p.outside for p in peers))
+                           and s.outside - max(p.outside for p in peers) >= cfg.min_gap)
                 s.streak = s.streak + 1 if flagged else 0
                 if not flagged:
                     s.open_ts = None
