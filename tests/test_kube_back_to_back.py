@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +114,21 @@ EVICT_S = 2.0
 """How long the server takes for each eviction of the first node's pods: its drain, resumed in a round, takes 6 s."""
 
 
-def test_a_second_fault_is_cordoned_while_the_first_plans_drain_is_still_evicting(tmp_path: Path) -> None:
+@dataclass
+class _SlowDrain:
+    """`kmend serve` against the fake, three of a job's pods on gpu-1 whose evictions take `EVICT_S` each."""
+
+    served: Any
+    seen: list[tuple[str, str, float]]
+    lock: threading.Lock
+
+    def writes(self, node: str, what: str) -> list[float]:
+        with self.lock:
+            return [t for n, w, t in self.seen if n == node and w == what]
+
+
+@contextmanager
+def _slow_drain(tmp_path: Path) -> Iterator[_SlowDrain]:
     with FakeApiServer() as api:
         for i in range(40):  # enough nodes that the breaker lets two quarantines through
             api.add_node(f"gpu-{i}")
@@ -146,32 +162,32 @@ def test_a_second_fault_is_cordoned_while_the_first_plans_drain_is_still_evictin
         served = start_serve(tmp_path, "serve", {"KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
                                                  **kube_serve_env(tmp_path, api.url, "t"),
                                                  "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}"})
-
-        def writes(node: str, what: str) -> list[float]:
-            with lock:
-                return [t for n, w, t in seen if n == node and w == what]
-
         try:
             served.wait_ready()
-            with httpx.Client(base_url=served.url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
-                agent.post("/v1/signals", json={"signals": [
-                    to_wire(container("gpu-1", "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
-                    to_wire(kernel("gpu-1", XID79))]}).raise_for_status()
-                _until("the first node's drain evicting", lambda: writes("gpu-1", "evicting"))
-                t0 = time.monotonic()
-                agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
-                cordoned = _until("gpu-2 cordoned", lambda: writes("gpu-2", "cordon"))[0]
-                _until("the drain's three evictions", lambda: len(writes("gpu-1", "eviction")) == 3)
-                _until("gpu-2's quarantine Event", lambda: writes("gpu-2", "event"))
+            yield _SlowDrain(served, seen, lock)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nwrites: {seen}\n{served.tail()}") from None
         finally:
             served.stop()
-        # On the previous loop the cordon waited for the rest of the resumed drain: at least two more evictions.
-        assert cordoned - t0 < EVICT_S, (cordoned - t0, seen)
-        # The first node's steps stay in order, each once: its quarantine before any eviction, each pod evicted once.
-        assert writes("gpu-1", "event")[0] < writes("gpu-1", "evicting")[0], seen
-        assert len(writes("gpu-1", "evicting")) == 3 and len(writes("gpu-1", "cordon")) == 1, seen
+
+
+def test_a_second_fault_is_cordoned_while_the_first_plans_drain_is_still_evicting(tmp_path: Path) -> None:
+    with _slow_drain(tmp_path) as d, \
+            httpx.Client(base_url=d.served.url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
+        agent.post("/v1/signals", json={"signals": [
+            to_wire(container("gpu-1", "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
+            to_wire(kernel("gpu-1", XID79))]}).raise_for_status()
+        _until("the first node's drain evicting", lambda: d.writes("gpu-1", "evicting"))
+        t0 = time.monotonic()
+        agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
+        cordoned = _until("gpu-2 cordoned", lambda: d.writes("gpu-2", "cordon"))[0]
+        _until("the drain's three evictions", lambda: len(d.writes("gpu-1", "eviction")) == 3)
+        _until("gpu-2's quarantine Event", lambda: d.writes("gpu-2", "event"))
+    # On the previous loop the cordon waited for the rest of the resumed drain: at least two more evictions.
+    assert cordoned - t0 < EVICT_S, (cordoned - t0, d.seen)
+    # The first node's steps stay in order, each once: its quarantine before any eviction, each pod evicted once.
+    assert d.writes("gpu-1", "event")[0] < d.writes("gpu-1", "evicting")[0], d.seen
+    assert len(d.writes("gpu-1", "evicting")) == 3 and len(d.writes("gpu-1", "cordon")) == 1, d.seen
 
 
 IB_ERROR_12 = ("llama-worker-1:946:988 [0] transport/net_ib.cc:839 NCCL WARN NET/IB : Got completion with error 12, "
@@ -180,71 +196,28 @@ IB_ERROR_12 = ("llama-worker-1:946:988 [0] transport/net_ib.cc:839 NCCL WARN NET
 
 
 def test_a_second_fault_is_cordoned_while_an_approved_plans_drain_is_still_evicting(tmp_path: Path) -> None:
-    with FakeApiServer() as api:
-        for i in range(40):  # enough nodes that the breaker lets two quarantines through
-            api.add_node(f"gpu-{i}")
-        api.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
-        job = api.add_object("kubeflow.org", "v1", "pytorchjobs", "training", {"metadata": {"name": "llama"}})
-        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama",
-                 "uid": job["metadata"]["uid"], "controller": True}
-        for rank in range(3):  # three of the job's pods on the first node: three slow evictions
-            api.add_pod("training", f"llama-worker-{rank}", node="gpu-1", phase="Running", owners=[owner],
-                        requests={"nvidia.com/gpu": "2"},
-                        labels={"training.kubeflow.org/job-name": "llama", "kmend.io/job": "llama"})
-        seen: list[tuple[str, str, float]] = []
-        lock = threading.Lock()
-        handle = api.handle
-
-        def timed(method: str, path: str, body: Any, ctype: str,
-                  query: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-            write = _write_of(method, path, body)
-            if method == "POST" and path.endswith("/eviction"):
-                write = ("gpu-1", "eviction")
-                with lock:
-                    seen.append(("gpu-1", "evicting", time.monotonic()))
-                time.sleep(EVICT_S)
-            code, answer = handle(method, path, body, ctype, query)
-            if write is not None and code < 300:
-                with lock:
-                    seen.append((*write, time.monotonic()))
-            return code, answer
-
-        api.handle = timed  # type: ignore[method-assign]
-        served = start_serve(tmp_path, "serve", {"KMEND_INGEST_TOKEN": "i", "KMEND_OPERATOR_TOKEN": "o",
-                                                 **kube_serve_env(tmp_path, api.url, "t"),
-                                                 "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}"})
-
-        def writes(node: str, what: str) -> list[float]:
-            with lock:
-                return [t for n, w, t in seen if n == node and w == what]
-
-        approved: list[httpx.Response] = []
-        try:
-            served.wait_ready()
-            with httpx.Client(base_url=served.url, headers={"authorization": "Bearer i"}, timeout=30) as agent, \
-                    httpx.Client(base_url=served.url, headers={"authorization": "Bearer o"}, timeout=60) as operator:
-                agent.post("/v1/signals", json={"signals": [
-                    to_wire(container("gpu-1", IB_ERROR_12, job="llama", rank=1, pod="llama-worker-1"))]}
-                           ).raise_for_status()
-                plan = _until("the plan awaiting approval", lambda: next(iter(operator.get(
-                    "/v1/plans", params={"state": "awaiting_approval"}).json()["plans"]), None))
-                # The operator's approval, as `kmend approve` sends it, from a thread of its own.
-                approving = threading.Thread(target=lambda: approved.append(
-                    operator.post(f"/v1/plans/{plan['id']}/approve")))
-                approving.start()
-                _until("the approved plan's drain evicting", lambda: writes("gpu-1", "evicting"))
-                t0 = time.monotonic()
-                agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
-                cordoned = _until("gpu-2 cordoned", lambda: writes("gpu-2", "cordon"))[0]
-                approving.join(timeout=60)
-                _until("the drain's three evictions", lambda: len(writes("gpu-1", "eviction")) == 3)
-                _until("gpu-2's quarantine Event", lambda: writes("gpu-2", "event"))
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nwrites: {seen}\n{served.tail()}") from None
-        finally:
-            served.stop()
-        # On the previous service the approval ran the drain inside the lock every healer round takes.
-        assert cordoned - t0 < EVICT_S, (cordoned - t0, seen)
-        assert approved and approved[0].status_code == 200 and approved[0].json()["state"] == "running", approved
-        assert writes("gpu-1", "event")[0] < writes("gpu-1", "evicting")[0], seen
-        assert len(writes("gpu-1", "evicting")) == 3 and len(writes("gpu-1", "cordon")) == 1, seen
+    approved: list[httpx.Response] = []
+    with _slow_drain(tmp_path) as d, \
+            httpx.Client(base_url=d.served.url, headers={"authorization": "Bearer i"}, timeout=30) as agent, \
+            httpx.Client(base_url=d.served.url, headers={"authorization": "Bearer o"}, timeout=60) as operator:
+        agent.post("/v1/signals", json={"signals": [
+            to_wire(container("gpu-1", IB_ERROR_12, job="llama", rank=1, pod="llama-worker-1"))]}
+                   ).raise_for_status()
+        plan = _until("the plan awaiting approval", lambda: next(iter(operator.get(
+            "/v1/plans", params={"state": "awaiting_approval"}).json()["plans"]), None))
+        # The operator's approval, as `kmend approve` sends it, from a thread of its own.
+        approving = threading.Thread(target=lambda: approved.append(
+            operator.post(f"/v1/plans/{plan['id']}/approve")))
+        approving.start()
+        _until("the approved plan's drain evicting", lambda: d.writes("gpu-1", "evicting"))
+        t0 = time.monotonic()
+        agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
+        cordoned = _until("gpu-2 cordoned", lambda: d.writes("gpu-2", "cordon"))[0]
+        approving.join(timeout=60)
+        _until("the drain's three evictions", lambda: len(d.writes("gpu-1", "eviction")) == 3)
+        _until("gpu-2's quarantine Event", lambda: d.writes("gpu-2", "event"))
+    # On the previous service the approval ran the drain inside the lock every healer round takes.
+    assert cordoned - t0 < EVICT_S, (cordoned - t0, d.seen)
+    assert approved and approved[0].status_code == 200 and approved[0].json()["state"] == "running", approved
+    assert d.writes("gpu-1", "event")[0] < d.writes("gpu-1", "evicting")[0], d.seen
+    assert len(d.writes("gpu-1", "evicting")) == 3 and len(d.writes("gpu-1", "cordon")) == 1, d.seen
