@@ -63,3 +63,13 @@ def test_progress_rule_benchmark_compares_both_matchers_on_the_same_lines() -> N
     assert by_rule["progress_lines"] == combined["progress_lines"] > 0
     assert by_rule["lines"] == combined["lines"] == 3000
     assert by_rule["ratio_to_rule_by_rule"] == 1.0 and combined["us_per_line"] > 0
+
+
+def test_survey_benchmark_samples_the_loop_and_prints_its_cost() -> None:
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, "bench/survey.py", "--rounds", "1", "--seconds", "2"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120, check=True)
+    [result] = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert result["surveys"] >= 1 and result["main_thread_samples_per_survey"] > 50
+    assert result["steps_per_s_unsampled"][0] > 0 and result["sampled_over_unsampled_median"] > 0
+    assert 0 < result["py_spy_cpu_s_per_survey"] < 2.0
