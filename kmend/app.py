@@ -52,6 +52,9 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True,
         loop = scheduler_loop
         if run_healer:
             workers.append(threading.Thread(target=kmend.run_healer, args=(stop,), name="kmend-healer", daemon=True))
+            # Off the healer's thread: a backlog's prune never sits between a fault and its cordon.
+            workers.append(threading.Thread(target=kmend.run_retention, args=(stop,), name="kmend-retention",
+                                            daemon=True))
             if loop is None and kmend.scheduler is not None:
                 loop = SchedulerLoop(kmend.scheduler, settings.scheduler_interval_s)
         for w in workers:

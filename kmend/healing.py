@@ -15,14 +15,12 @@ from typing import Any, Protocol
 from analyzer.records import Incident, IncidentState
 from healer import gpu_report
 from healer.acceptance import Candidate, acceptance_plan, candidates
-from healer.cluster import ClusterEvent, Condition, NotFoundError, Taint
+from healer.cluster import ClusterEvent, Condition, Taint
 from healer.executor import PlanExecutor, describe
-from healer.history import node_history, node_records
-from healer.jobs import job_opted_out, jobs_bound, pods_of_job
+from healer.history import node_records
 from healer.keys import (
     CONDITION_TYPE,
     FAULT_TAINT_KEY,
-    MANAGED_LABEL,
     QUARANTINE_PLAN,
     QUARANTINE_REASON,
     QUARANTINED_AT,
@@ -31,7 +29,7 @@ from healer.keys import (
     UNVALIDATED_TAINT_KEY,
 )
 from healer.notify import Announcement, Notifier, announce
-from healer.policy import PlanContext, PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
+from healer.policy import PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
 from healer.policy_explain import explain
 from healer.policy_file import PolicyFile
 from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, StepState
@@ -39,10 +37,10 @@ from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
 from healer.steps.node import set_health
-from healer.workloads import PodInfo
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.metrics import Metrics
+from kmend.planning import first_to_plan, plan_context
 from kmend.store import Store
 
 log = logging.getLogger("kmend.healer")
@@ -79,7 +77,8 @@ class Healing:
 
     def __init__(self, store: Store, ctx: StepContext, policy: PolicyFile, config: PolicyConfig, leader: Leader,
                  metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None,
-                 resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8, resync_s: float = 30.0) -> None:
+                 resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8, resync_s: float = 30.0,
+                 new_per_round: int = 64) -> None:
         self.store = store
         self.ctx = ctx
         self.policy = policy
@@ -93,6 +92,10 @@ class Healing:
         """The longest wait between two asks of a plan that makes no progress."""
         self.parallel = parallel
         """New plans that quarantine their nodes at the same time (the breaker still decides one at a time)."""
+        self.new_per_round = new_per_round
+        """The most new incidents a round plans for (most severe, then oldest first); the rest go to the next rounds."""
+        self.backlog = 0
+        """New incidents the last round left to the next ones: the loop starts the next round at once."""
         self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock,
                            quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
@@ -132,6 +135,9 @@ class Healing:
         whose step waits is asked again after ``resume_s`` (a repair or health check: twice as long each time
         nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
         says new work has come, the round stops resuming plans so that the caller can start the next one.
+        A round plans for at most ``new_per_round`` new incidents, most severe and oldest first (``first_to_plan``):
+        thousands open at start take many short rounds, a new fault goes ahead of the lesser ones still waiting, and
+        while some wait (``backlog``) a round resumes older plans as if interrupted.
 
         ``detach`` (the service's loop): new plans' taint, label, condition and Event after their cordons, and resumed
         plans' drains, go on in the background (``kmend.background``): the next fault's round does not wait for them.
@@ -150,6 +156,7 @@ class Healing:
                 self._synced_at = now
                 self.held.resync(list(self._runnable))
             touched += self._plan_new(incidents, set_state, now, interrupted, detach)
+            busy: Callable[[], bool] = (lambda: True) if self.backlog else interrupted  # new incidents wait
             fresh = {p.id for p in touched} | self.background.running()
             self._due = {k: v for k, v in self._due.items() if k in self._runnable}
             # At least one plan per round goes on, however often new work interrupts: none waits forever.
@@ -158,7 +165,7 @@ class Healing:
                                  and self._due.get(pid, (0.0, 0.0))[0] <= now], now)
             plans = {p.id: p for p in self.store.get_plans(due)} if due else {}  # one read for the round
             for pid in due:
-                if resumed and interrupted():
+                if resumed and busy():
                     return touched
                 p = plans.get(pid)
                 if p is None or p.state not in (PlanState.RUNNING, PlanState.PENDING):
@@ -174,7 +181,7 @@ class Healing:
                     touched.append(p)
                 elif not (detach and self.background.resume(p)):  # a drain goes on in the background (its task)
                     touched.append(self._resume(p, set_state, now))
-            if interrupted() and now - self._accepted_at < self.resume_max_s:
+            if busy() and now - self._accepted_at < self.resume_max_s:
                 return touched
             self._accepted_at = now
             return touched + self._accept_nodes(now)
@@ -190,9 +197,13 @@ class Healing:
             self._plan_ids = self.store.plan_ids()
         known = self._plan_ids
         made: list[Plan] = []
-        for inc in incidents:
-            if inc.state not in ACTIVE or plan_id_for(inc) in known:
-                continue
+        new = [inc for inc in incidents if inc.state in ACTIVE and plan_id_for(inc) not in known]
+        new.sort(key=first_to_plan)
+        self.backlog = 0
+        for at, inc in enumerate(new):
+            if len(made) >= self.new_per_round:
+                self.backlog = len(new) - at
+                break
             first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
             if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
                 continue  # the cause may still arrive (kernel logs can lag container logs)
@@ -200,7 +211,7 @@ class Healing:
             if (wait := explain(inc, self.policy, now).evidence_wait) is not None:
                 log.debug("incident %s: no plan yet: %s", inc.id, wait)
                 continue
-            ctx = self._context(inc, now)
+            ctx = plan_context(self.ctx, self.store, self.policy, inc, now)
             if (wait := explain(inc, self.policy, now, ctx.node_labels, ctx.job).evidence_wait) is not None:
                 continue
             plan = choose_plan(inc, self.policy, self.config, ctx)
@@ -220,7 +231,7 @@ class Healing:
         made = [self._track(p) for p in self._quarantine(made, detach)]
         for ask in filter(None, map(gpu_report.report_request, made)):  # after every cordon of the round
             self.store.ledger.open(ask)
-        if interrupted():
+        if interrupted() or self.backlog:  # every new incident's node is out before any plan drains one
             return [self._settle(p, set_state) for p in made]
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)
                 and p.id not in self.background.running() else self._settle(p, set_state) for p in made]
@@ -311,52 +322,6 @@ class Healing:
             elif quarantined:
                 set_state(done.incident_id, IncidentState.REMEDIATING, f"node {done.node} quarantined by {done.id}")
         return done
-
-    def _context(self, inc: Incident, now: float) -> PlanContext:
-        node = inc.root_cause.node
-        labels: dict[str, str] = {}
-        opted_out = ""
-        if node:
-            try:
-                # From the node watch where there is one: the cordon checks the opt-out again on the version it writes.
-                info = self.ctx.cluster.peek_node(node)
-                labels = dict(info.labels)
-                if info.labels.get(MANAGED_LABEL) == "false":
-                    opted_out = f"node {node} has {MANAGED_LABEL}=false"
-            except NotFoundError:
-                pass
-        job = inc.root_cause.job
-        on_node: list[PodInfo] = []
-        if node and inc.hardware:
-            # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
-            # From the pod watch where it is in sync (a list otherwise): no request before the plan.
-            on_node = [p for p in self.ctx.workloads.pods_on_node(node) if p.node and not p.terminating]
-            bound = jobs_bound(on_node)
-            job = job if job in bound else (bound[0] if len(bound) == 1 else "")
-        namespace = None
-        if job:
-            # Job names repeat across namespaces: the incident's namespace when the evidence gave one,
-            # else the one whose pod runs on the node is the one hurt.
-            ns = inc.root_cause.namespace if job == inc.root_cause.job else None
-            pods = pods_of_job(on_node, job, ns) or pods_of_job(self.ctx.workloads.list_pods(namespace=ns), job, ns)
-            if pods:
-                namespace = pods[0].namespace
-                opted_out = opted_out or job_opted_out(self.ctx.workloads, pods[0].namespace, job,
-                                                         [dict(p.labels) for p in pods[:1]])
-            else:
-                namespace = ns
-        held = None
-        in_cooldown = False
-        history = self.store.list_plans(node=node) if node else []
-        for p in history:
-            if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
-                held = p.id
-            elif p.state is PlanState.SUCCEEDED and now - p.created_at < self.policy.safety.node_cooldown_s \
-                    and any(s.kind is StepKind.CORDON for s in p.steps):
-                in_cooldown = True
-        attempts, lemon = node_history(history, self.policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
-        return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
-                           lemon=lemon)
 
     def _count_step(self, plan: Plan, step: Any) -> None:
         self.metrics.actions.labels(step.kind.value, step.state.value).inc()

@@ -40,7 +40,7 @@ from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
 from kmend.store.group import WriteSet
-from kmend.store.retention import Retention
+from kmend.store.retention import Pace, Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
 if TYPE_CHECKING:
@@ -73,6 +73,12 @@ class HealerConfig:
     """How long each table keeps its rows."""
     retention_interval_s: float = 600.0
     """How often rows past their retention are deleted."""
+    retention_share: float = 0.25
+    """The largest share of the wall time a prune's transactions take (a backlog goes in paced passes)."""
+    retention_pass_s: float = 5.0
+    """The longest pruning pass; a backlog left after it goes on after `retention_rest_s`."""
+    retention_rest_s: float = 1.0
+    """The wait between two passes of a backlog."""
 
 
 class Kmend:
@@ -122,7 +128,6 @@ class Kmend:
         self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
-        self._next_retention = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None,
@@ -411,12 +416,28 @@ class Kmend:
             self.store.save_incident(updated)
         self._refresh_open_gauge()
 
-    def prune_store(self) -> dict[str, int]:
-        """Delete rows past their retention (the healer loop does this every `retention_interval_s`)."""
-        deleted = self.store.prune(self.healer.retention)
+    def prune_store(self, pace: Pace | None = None) -> dict[str, int]:
+        """Delete rows past their retention, at `pace` (`run_retention` does this every `retention_interval_s`)."""
+        deleted = self.store.prune(self.healer.retention, pace)
         if deleted:
             log.info("retention: deleted %s", ", ".join(f"{n} {table}" for table, n in sorted(deleted.items())))
         return deleted
+
+    def run_retention(self, stop: threading.Event) -> None:
+        """Retention loop (a thread of its own, not the healer's): a prune every `retention_interval_s`, in passes
+        of at most `retention_pass_s` whose transactions take at most `retention_share` of the time.
+
+        A backlog (after a restart, an upgrade, a lowered retention) is never between a fault and its cordon, and
+        holds the write queue for one chunk at a time; what a pass leaves goes on after `retention_rest_s`.
+        """
+        cfg = self.healer
+        while not stop.is_set():
+            pace = Pace(share=cfg.retention_share, pass_s=cfg.retention_pass_s, stop=stop.is_set)
+            try:
+                self.prune_store(pace)
+            except Exception:
+                log.exception("pruning the store failed")
+            stop.wait(cfg.retention_rest_s if pace.cut_short else cfg.retention_interval_s)
 
     def wake(self) -> None:
         """Make the healer loop run now."""
@@ -446,19 +467,14 @@ class Kmend:
                     self.evaluate()
             except Exception:
                 log.exception("detector evaluation failed")
-            if self.clock() >= self._next_retention:
-                self._next_retention = self.clock() + self.healer.retention_interval_s
-                try:
-                    self.prune_store()
-                except Exception:
-                    log.exception("pruning the store failed")
             if self.clock() >= self._next_gauges:
                 self._next_gauges = self.clock() + 10.0
                 try:
                     self.refresh_gauges()
                 except Exception:
                     log.exception("metrics refresh failed")
-            self._wake.wait(self.healer.interval_s)
+            if not self.healing.backlog:  # new incidents left to the next round: it starts at once
+                self._wake.wait(self.healer.interval_s)
 
     # -- views -------------------------------------------------------------------------
 

@@ -1,0 +1,70 @@
+"""What the healer reads before it plans for new incidents: the order it takes them in, and each one's context
+from the cluster's watches and the journal."""
+
+from __future__ import annotations
+
+from analyzer.records import SEVERITY_RANK, Incident
+from healer.cluster import NotFoundError
+from healer.history import node_history
+from healer.jobs import job_opted_out, jobs_bound, pods_of_job
+from healer.keys import MANAGED_LABEL
+from healer.policy import PlanContext, plan_id_for
+from healer.policy_file import PolicyFile
+from healer.records import FINAL_PLAN_STATES, PlanState, StepKind
+from healer.steps.base import StepContext
+from healer.workloads import PodInfo
+from kmend.store import Store
+
+
+def first_to_plan(inc: Incident) -> tuple[int, bool, float, str]:
+    """The order new incidents are planned for: most severe first, hardware first, then oldest first."""
+    return (-SEVERITY_RANK[inc.severity], not inc.hardware, inc.opened_at, inc.id)
+
+
+def plan_context(ctx: StepContext, store: Store, policy: PolicyFile, inc: Incident, now: float) -> PlanContext:
+    """What the policy needs besides the incident: the node's labels and opt-out, the job the fault hurts (from the
+    cluster's watches), and the node's plans (one held, a cooldown, attempts, the lemon verdict)."""
+    node = inc.root_cause.node
+    labels: dict[str, str] = {}
+    opted_out = ""
+    if node:
+        try:
+            # From the node watch where there is one: the cordon checks the opt-out again on the version it writes.
+            info = ctx.cluster.peek_node(node)
+            labels = dict(info.labels)
+            if info.labels.get(MANAGED_LABEL) == "false":
+                opted_out = f"node {node} has {MANAGED_LABEL}=false"
+        except NotFoundError:
+            pass
+    job = inc.root_cause.job
+    on_node: list[PodInfo] = []
+    if node and inc.hardware:
+        # Which job a node's fault hurts is the cluster's answer now, not what the signals once showed.
+        # From the pod watch where it is in sync (a list otherwise): no request before the plan.
+        on_node = [p for p in ctx.workloads.pods_on_node(node) if p.node and not p.terminating]
+        bound = jobs_bound(on_node)
+        job = job if job in bound else (bound[0] if len(bound) == 1 else "")
+    namespace = None
+    if job:
+        # Job names repeat across namespaces: the incident's namespace when the evidence gave one,
+        # else the one whose pod runs on the node is the one hurt.
+        ns = inc.root_cause.namespace if job == inc.root_cause.job else None
+        pods = pods_of_job(on_node, job, ns) or pods_of_job(ctx.workloads.list_pods(namespace=ns), job, ns)
+        if pods:
+            namespace = pods[0].namespace
+            opted_out = opted_out or job_opted_out(ctx.workloads, pods[0].namespace, job,
+                                                     [dict(p.labels) for p in pods[:1]])
+        else:
+            namespace = ns
+    held = None
+    in_cooldown = False
+    history = store.list_plans(node=node) if node else []
+    for p in history:
+        if p.state not in FINAL_PLAN_STATES and p.id != plan_id_for(inc):
+            held = p.id
+        elif p.state is PlanState.SUCCEEDED and now - p.created_at < policy.safety.node_cooldown_s \
+                and any(s.kind is StepKind.CORDON for s in p.steps):
+            in_cooldown = True
+    attempts, lemon = node_history(history, policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
+    return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
+                       lemon=lemon)
