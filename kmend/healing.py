@@ -143,6 +143,7 @@ class Healing:
         plans' drains, go on in the background (``kmend.background``): the next fault's round does not wait for them.
         """
         with self.lock:
+            self.backlog = 0  # until this round's planning says otherwise
             touched = [self._settle(self._track(p), set_state) for p in self.background.harvest()]
             if not self.leader.tick():
                 self.metrics.leader.set(0)

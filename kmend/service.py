@@ -454,9 +454,11 @@ class Kmend:
                     self.replicas.tail()
             except Exception:
                 log.exception("reading the replica feed failed")
+            more = False  # new incidents left to the next round: it starts at once (not after a failed round)
             try:
                 self.heal_once(interrupted=self._wake.is_set, detach=True)
                 self.metrics.healer_round.set_to_current_time()
+                more = self.healing.backlog > 0
             except Exception:
                 log.exception("healer round failed")
             # After the round, not before it: a due evaluation of every job's detectors must not sit between an
@@ -473,7 +475,7 @@ class Kmend:
                     self.refresh_gauges()
                 except Exception:
                     log.exception("metrics refresh failed")
-            if not self.healing.backlog:  # new incidents left to the next round: it starts at once
+            if not more:
                 self._wake.wait(self.healer.interval_s)
 
     # -- views -------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Backlogs do not delay a cordon: a fault that arrives while retention prunes a store filled past its time, or
 while the healer plans for thousands of incidents found open at start, has its node cordoned within a bound by the
-running service; the prune still removes everything due and every incident still gets its plan."""
+running service; the prune still removes everything due and every incident still gets its plan. A round plans for
+a bounded number of new incidents, the most severe and then the oldest first."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from analyzer.pipeline import Analyzer
+from analyzer.rules import Rule
 from healer.notify import LogNotifier
 from kmend.app import create_app
 from kmend.demo import serve_in_thread
@@ -19,6 +22,7 @@ from kmend.store import Store
 from kmend.wiring import make_kmend
 from sim.cluster import SimCluster, build_cluster
 from tests.builders import XID13, XID79, kernel
+from tests.healing import Harness
 from tests.hostile import wait_for
 
 T0 = 1_700_000_000.0
@@ -92,3 +96,24 @@ def test_a_fault_among_thousands_of_incidents_open_at_start_is_cordoned_within_a
         # The rest are planned all the same, in the rounds that follow.
         wait_for(lambda: sum(k.store.plan_counts().values()) == many + 1, timeout=300)
     k.store.close()
+
+
+def test_a_round_plans_for_the_most_severe_new_incidents_first_and_leaves_the_rest_to_the_next(
+        shipped_rules: list[Rule], tmp_path: Path) -> None:
+    h = Harness(tmp_path, nodes=16)
+    analyzer = Analyzer(shipped_rules)
+    analyzer.process([kernel(f"gpu-node-{i:02d}", XID13, ts=T0 + i) for i in range(6)]
+                     + [kernel("gpu-node-10", XID79, ts=T0 + 10)])
+    incidents = analyzer.correlator.incidents()
+    heal = h.healing()
+    heal.new_per_round = 3
+    first = heal.heal_once(incidents, lambda *_: None)
+    # The newest incident, but the most severe: planned (and its node cordoned) in the first round.
+    assert first[0].node == "gpu-node-10" and h.cluster.get_node("gpu-node-10").unschedulable
+    assert [p.node for p in first[1:]] == ["gpu-node-00", "gpu-node-01"]  # then the oldest
+    assert heal.backlog == 4
+    second = heal.heal_once(incidents, lambda *_: None)  # its new plans, then (at least) one plan resumed
+    assert [p.node for p in second[:3]] == ["gpu-node-02", "gpu-node-03", "gpu-node-04"]
+    heal.heal_once(incidents, lambda *_: None)
+    assert heal.backlog == 0
+    assert len(h.store.plan_ids()) == 7
