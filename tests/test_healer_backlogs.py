@@ -6,7 +6,6 @@ a bounded number of new incidents, the most severe and then the oldest first."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from tests.hostile import wait_for
 
 T0 = 1_700_000_000.0
 BACKLOG = 400_000
-CORDON_BOUND_S = 3.0
+CORDON_BOUND_S = 1.5
 """How soon the node of a new Xid 79 must be cordoned, on a loaded machine (a prune or a planning round of the
 whole backlog takes far longer)."""
 
@@ -59,8 +58,6 @@ def test_a_fault_during_the_prune_of_a_backlog_is_cordoned_within_a_bound(tmp_pa
                         healer_interval_s=0.05)
     cluster = build_cluster(2)
     k = make_kmend(settings, cluster=cluster, notifier=LogNotifier())
-    # Unpaced (the pace is tested on its own): the prune's own thread alone keeps it from between fault and cordon.
-    k.healer = replace(k.healer, retention_share=1.0)
     k.start()
     _old_lines(k.store, BACKLOG)
     with serve_in_thread(create_app(k, settings)):
@@ -69,7 +66,7 @@ def test_a_fault_during_the_prune_of_a_backlog_is_cordoned_within_a_bound(tmp_pa
         left = k.store.count_signals()
         assert took < CORDON_BOUND_S, f"cordoned {took:.1f} s after the fault, {left} lines left to prune"
         # Everything due goes all the same: only the newer line and the fault's are left.
-        wait_for(lambda: k.store.count_signals() <= 2, timeout=300)
+        wait_for(lambda: k.store.count_signals() <= 2, timeout=600)  # at the shipped pace: a quarter of the time
     assert k.store.count_signals() == 2
     k.store.close()
 
