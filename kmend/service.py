@@ -40,7 +40,7 @@ from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
 from kmend.store import IngestOutcome, Store
 from kmend.store.group import WriteSet
-from kmend.store.retention import Pace, Retention
+from kmend.store.retention import Retention
 from kmend.store.retry import AnalyseOnce, EvaluateOnce, retrying
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class HealerConfig:
     retention: Retention = field(default_factory=Retention)
     """How long each table keeps its rows."""
     retention_interval_s: float = 600.0
-    """How often rows past their retention are deleted."""
+    """How often rows past their retention are deleted (``kmend.pruning``, a thread of its own)."""
     retention_share: float = 0.25
     """The largest share of the wall time a prune's transactions take (a backlog goes in paced passes)."""
     retention_pass_s: float = 5.0
@@ -303,6 +303,7 @@ class Kmend:
         # stuck, before the hang is called or a plan restarts it. One request per node and stall, one more every
         # half threshold while the stacks hold the finding. Given `suspects`, it runs outside the lock.
         current: set[str] = set()
+        asks: list[RepairRequest] = []
         suspects = self.detectors.suspects(now) if suspects is None else suspects
         for job, nodes, since in suspects:
             if self._pods_finished(job):
@@ -318,7 +319,9 @@ class Kmend:
                 rid = f"stack-dump:{job.replace('/', ':')}:{since:.3f}:{node}{look}"
                 current.add(rid)
                 if rid not in self._evidence_asked:
-                    self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+                    asks.append(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+        # One transaction for them all: a stalled 1,000-node job's requests take the write queue once, not once each.
+        self.store.ledger.open_all(asks)
         # Only stalls still under way are remembered (the ledger keeps the requests themselves).
         self._evidence_asked = current
         jobs = {job for job, _, _ in suspects}
@@ -415,29 +418,6 @@ class Kmend:
         else:
             self.store.save_incident(updated)
         self._refresh_open_gauge()
-
-    def prune_store(self, pace: Pace | None = None) -> dict[str, int]:
-        """Delete rows past their retention, at `pace` (`run_retention` does this every `retention_interval_s`)."""
-        deleted = self.store.prune(self.healer.retention, pace)
-        if deleted:
-            log.info("retention: deleted %s", ", ".join(f"{n} {table}" for table, n in sorted(deleted.items())))
-        return deleted
-
-    def run_retention(self, stop: threading.Event) -> None:
-        """Retention loop (a thread of its own, not the healer's): a prune every `retention_interval_s`, in passes
-        of at most `retention_pass_s` whose transactions take at most `retention_share` of the time.
-
-        A backlog (after a restart, an upgrade, a lowered retention) is never between a fault and its cordon, and
-        holds the write queue for one chunk at a time; what a pass leaves goes on after `retention_rest_s`.
-        """
-        cfg = self.healer
-        while not stop.is_set():
-            pace = Pace(share=cfg.retention_share, pass_s=cfg.retention_pass_s, stop=stop.is_set)
-            try:
-                self.prune_store(pace)
-            except Exception:
-                log.exception("pruning the store failed")
-            stop.wait(cfg.retention_rest_s if pace.cut_short else cfg.retention_interval_s)
 
     def wake(self) -> None:
         """Make the healer loop run now."""

@@ -18,6 +18,7 @@ from analyzer.rules import Rule
 from healer.notify import LogNotifier
 from healer.records import ActionStep, Mode, Plan, PlanState, StepKind, StepState
 from healer.steps.base import RepairRequest
+from kmend.pruning import run_retention
 from kmend.settings import Settings
 from kmend.store import Store, schema
 from kmend.store.retention import DAY, Pace, Retention
@@ -89,7 +90,7 @@ def test_the_retention_loop_prunes_on_its_own(tmp_path: Path) -> None:
     k.ingest([container("gpu-node-00", "step 1", ts=T0), container("gpu-node-00", "step 2", ts=T0 + 3600)])
     assert k.store.count_signals() == 2
     stop = threading.Event()
-    loop = threading.Thread(target=k.run_retention, args=(stop,))
+    loop = threading.Thread(target=run_retention, args=(k, stop))
     loop.start()
     try:
         wait_for(lambda: k.store.count_signals() == 1, timeout=60)
