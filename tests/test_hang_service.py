@@ -11,8 +11,10 @@ from sqlalchemy import event
 
 from collector.signal import ProgressSample, Signal, Source
 from healer.notify import LogNotifier
+from healer.steps.base import RepairRequest
 from kmend.service import Kmend
 from kmend.settings import Settings
+from kmend.store import Store
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
 from sim.workloads import SimWorkloads
@@ -164,3 +166,18 @@ def test_a_stalled_jobs_stack_requests_on_many_nodes_take_the_write_queue_once(t
     # Not one transaction (each a turn of the write queue that group commits wait behind) per node.
     assert len(transactions) < 10, f"{len(transactions)} transactions for one evaluation"
     kmend.store.close()
+
+
+def test_requests_opened_together_leave_those_already_there_as_they_are(database_url: str) -> None:
+    store = Store(database_url)
+    store.migrate()
+    store.ledger.open(RepairRequest("a", "node-000", "stack_dump", {"job": "llm"}))
+    store.ledger.answer("a", "done", "stacks sent")
+    store.ledger.open_all([RepairRequest("a", "node-000", "stack_dump", {"job": "llm"}),
+                           RepairRequest("b", "node-001", "stack_dump", {"job": "llm"})])
+    [a] = store.ledger.requests_for("node-000", pending_only=False)
+    assert (a.state, a.result) == ("done", "stacks sent")
+    [b] = store.ledger.requests_for("node-001")
+    assert (b.kind, b.params, b.state) == ("stack_dump", {"job": "llm"}, "pending")
+    store.ledger.open_all([])
+    store.close()
