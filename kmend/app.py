@@ -31,6 +31,7 @@ from kmend.api import (
 from kmend.api.deps import Caller, ReadAuth, ReviewCache, describe
 from kmend.api.limits import BodyLimit
 from kmend.early import SchedulerLoop
+from kmend.pruning import run_retention
 from kmend.service import Kmend
 from kmend.settings import Settings
 
@@ -52,6 +53,9 @@ def create_app(kmend: Kmend, settings: Settings, *, run_healer: bool = True,
         loop = scheduler_loop
         if run_healer:
             workers.append(threading.Thread(target=kmend.run_healer, args=(stop,), name="kmend-healer", daemon=True))
+            # Off the healer's thread: a backlog's prune never sits between a fault and its cordon.
+            workers.append(threading.Thread(target=run_retention, args=(kmend, stop), name="kmend-retention",
+                                            daemon=True))
             if loop is None and kmend.scheduler is not None:
                 loop = SchedulerLoop(kmend.scheduler, settings.scheduler_interval_s)
         for w in workers:

@@ -41,7 +41,7 @@ from healer.steps.node import set_health
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.metrics import Metrics
-from kmend.plan_context import plan_context
+from kmend.planning import first_to_plan, plan_context
 from kmend.store import Store
 
 log = logging.getLogger("kmend.healer")
@@ -66,7 +66,8 @@ class Healing:
 
     def __init__(self, store: Store, ctx: StepContext, policy: PolicyFile, config: PolicyConfig, leader: Leader,
                  metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None,
-                 resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8, resync_s: float = 30.0) -> None:
+                 resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8, resync_s: float = 30.0,
+                 new_per_round: int = 64) -> None:
         self.store = store
         self.ctx = ctx
         self.policy = policy
@@ -80,6 +81,10 @@ class Healing:
         """The longest wait between two asks of a plan that makes no progress."""
         self.parallel = parallel
         """New plans that quarantine their nodes at the same time (the breaker still decides one at a time)."""
+        self.new_per_round = new_per_round
+        """The most new incidents a round plans for (most severe, then oldest first); the rest go to the next rounds."""
+        self.backlog = 0
+        """New incidents the last round left to the next ones: the loop starts the next round at once."""
         self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock,
                            quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
@@ -122,12 +127,16 @@ class Healing:
         whose step waits is asked again after ``resume_s`` (a repair or health check: twice as long each time
         nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
         says new work has come, the round stops resuming plans so that the caller can start the next one.
+        A round plans for at most ``new_per_round`` new incidents, most severe and oldest first (``first_to_plan``):
+        thousands open at start take many short rounds, a new fault goes ahead of the lesser ones still waiting, and
+        while some wait (``backlog``) a round resumes older plans as if interrupted.
 
         ``detach`` (the service's loop): the round makes only cordons; the rest of new plans' quarantines and every
         later step of new or resumed plans go on in the background (``kmend.background``), not before the next fault.
         """
         with self.lock:
             self.detached = self.detached or detach
+            self.backlog = 0  # until this round's planning says otherwise
             touched = []
             for before, done, again in self.background.harvest():
                 touched.append(self._settle(self._track(done), set_state))
@@ -145,6 +154,7 @@ class Healing:
                 self._synced_at = now
                 self.held.resync(list(self._runnable))
             touched += self._plan_new(incidents, set_state, now, interrupted, detach)
+            busy: Callable[[], bool] = (lambda: True) if self.backlog else interrupted  # new incidents wait
             fresh = {p.id for p in touched} | self.background.running()
             self._due = {k: v for k, v in self._due.items() if k in self._runnable}
             # At least one plan per round goes on, however often new work interrupts: none waits forever.
@@ -153,7 +163,7 @@ class Healing:
                                  and self._due.get(pid, (0.0, 0.0))[0] <= now], now)
             plans = {p.id: p for p in self.store.get_plans(due)} if due else {}  # one read for the round
             for pid in due:
-                if resumed and interrupted():
+                if resumed and busy():
                     return touched
                 p = plans.get(pid)
                 if p is None or p.state not in (PlanState.RUNNING, PlanState.PENDING):
@@ -169,7 +179,7 @@ class Healing:
                     touched.append(p)
                 elif not (detach and self.background.resume(p)):  # its steps go on in the background (its task)
                     touched.append(self._resume(p, set_state, now))
-            if interrupted() and now - self._accepted_at < self.resume_max_s:
+            if busy() and now - self._accepted_at < self.resume_max_s:
                 return touched
             self._accepted_at = now
             return touched + self._accept_nodes(now, detach)
@@ -185,9 +195,13 @@ class Healing:
             self._plan_ids = self.store.plan_ids()
         known = self._plan_ids
         made: list[Plan] = []
-        for inc in incidents:
-            if inc.state not in ACTIVE or plan_id_for(inc) in known:
-                continue
+        new = [inc for inc in incidents if inc.state in ACTIVE and plan_id_for(inc) not in known]
+        new.sort(key=first_to_plan)
+        self.backlog = 0
+        for at, inc in enumerate(new):
+            if len(made) >= self.new_per_round:
+                self.backlog = len(new) - at
+                break
             first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
             if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
                 continue  # the cause may still arrive (kernel logs can lag container logs)
@@ -215,7 +229,7 @@ class Healing:
         made = [self._track(p) for p in self._quarantine(made, detach)]
         for ask in filter(None, map(gpu_report.report_request, made)):  # after every cordon of the round
             self.store.ledger.open(ask)
-        if interrupted():
+        if interrupted() or self.backlog:  # every new incident's node is out before any plan drains one
             return [self._settle(p, set_state) for p in made]
         # A detached round makes only cordons: the rest of each plan goes on in the background.
         return [self._resume(p, set_state, now) if p.state in (PlanState.PENDING, PlanState.RUNNING)

@@ -72,7 +72,13 @@ class HealerConfig:
     retention: Retention = field(default_factory=Retention)
     """How long each table keeps its rows."""
     retention_interval_s: float = 600.0
-    """How often rows past their retention are deleted."""
+    """How often rows past their retention are deleted (``kmend.pruning``, a thread of its own)."""
+    retention_share: float = 0.25
+    """The largest share of the wall time a prune's transactions take (a backlog goes in paced passes)."""
+    retention_pass_s: float = 5.0
+    """The longest pruning pass; a backlog left after it goes on after `retention_rest_s`."""
+    retention_rest_s: float = 1.0
+    """The wait between two passes of a backlog."""
 
 
 class Kmend:
@@ -122,7 +128,6 @@ class Kmend:
         self._pods_checked: dict[str, float] = {}
         self._next_evaluation = 0.0
         self._next_gauges = 0.0
-        self._next_retention = 0.0
         ctx = StepContext(cluster, workloads, notifier, policy or load_policy(), store.ledger, store.ledger, clock,
                           namespace, health_check_template,
                           reservations=scheduler.reservations if scheduler else None,
@@ -298,6 +303,7 @@ class Kmend:
         # stuck, before the hang is called or a plan restarts it. One request per node and stall, one more every
         # half threshold while the stacks hold the finding. Given `suspects`, it runs outside the lock.
         current: set[str] = set()
+        asks: list[RepairRequest] = []
         suspects = self.detectors.suspects(now) if suspects is None else suspects
         for job, nodes, since in suspects:
             if self._pods_finished(job):
@@ -313,7 +319,9 @@ class Kmend:
                 rid = f"stack-dump:{job.replace('/', ':')}:{since:.3f}:{node}{look}"
                 current.add(rid)
                 if rid not in self._evidence_asked:
-                    self.store.ledger.open(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+                    asks.append(RepairRequest(id=rid, node=node, kind="stack_dump", params={"job": job}))
+        # One transaction for them all: a stalled 1,000-node job's requests take the write queue once, not once each.
+        self.store.ledger.open_all(asks)
         # Only stalls still under way are remembered (the ledger keeps the requests themselves).
         self._evidence_asked = current
         jobs = {job for job, _, _ in suspects}
@@ -411,13 +419,6 @@ class Kmend:
             self.store.save_incident(updated)
         self._refresh_open_gauge()
 
-    def prune_store(self) -> dict[str, int]:
-        """Delete rows past their retention (the healer loop does this every `retention_interval_s`)."""
-        deleted = self.store.prune(self.healer.retention)
-        if deleted:
-            log.info("retention: deleted %s", ", ".join(f"{n} {table}" for table, n in sorted(deleted.items())))
-        return deleted
-
     def wake(self) -> None:
         """Make the healer loop run now."""
         self._wake.set()
@@ -433,9 +434,11 @@ class Kmend:
                     self.replicas.tail()
             except Exception:
                 log.exception("reading the replica feed failed")
+            more = False  # new incidents left to the next round: it starts at once (not after a failed round)
             try:
                 self.heal_once(interrupted=self._wake.is_set, detach=True)
                 self.metrics.healer_round.set_to_current_time()
+                more = self.healing.backlog > 0
             except Exception:
                 log.exception("healer round failed")
             # After the round, not before it: a due evaluation of every job's detectors must not sit between an
@@ -446,19 +449,14 @@ class Kmend:
                     self.evaluate()
             except Exception:
                 log.exception("detector evaluation failed")
-            if self.clock() >= self._next_retention:
-                self._next_retention = self.clock() + self.healer.retention_interval_s
-                try:
-                    self.prune_store()
-                except Exception:
-                    log.exception("pruning the store failed")
             if self.clock() >= self._next_gauges:
                 self._next_gauges = self.clock() + 10.0
                 try:
                     self.refresh_gauges()
                 except Exception:
                     log.exception("metrics refresh failed")
-            self._wake.wait(self.healer.interval_s)
+            if not more:
+                self._wake.wait(self.healer.interval_s)
 
     # -- views -------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The service around the hang detector: evidence asked for before the hang is called, pods the API shows done."""
+"""The service around the hang detector: evidence asked for before the hang is called (a large job's requests in one
+transaction), pods the API shows done."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from collector.signal import ProgressSample, Signal, Source
 from healer.notify import LogNotifier
+from healer.steps.base import RepairRequest
 from kmend.service import Kmend
 from kmend.settings import Settings
+from kmend.store import Store
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
 from sim.workloads import SimWorkloads
@@ -138,3 +142,42 @@ def test_the_hold_bound_is_a_setting(tmp_path: Path) -> None:
     kmend.store.close()
     with pytest.raises(ValueError, match="hang_hold_k"):
         Settings(database_url="sqlite://", cluster="sim", hang_hold_k=0.5)
+
+
+def test_a_stalled_jobs_stack_requests_on_many_nodes_take_the_write_queue_once(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", dry_run=True)
+    kmend = make_kmend(settings, cluster=build_cluster(2), notifier=LogNotifier())
+    kmend.start()
+    nodes = [f"node-{r:04d}" for r in range(512)]  # one rank per node
+    t = T0
+    for s in range(1, 31):
+        t += 0.5
+        kmend.ingest([Signal(f"{n}/progress/big/{r}/{s}", n, Source.PROGRESS, t, ProgressSample("big", r, s, 0.5))
+                      for r, n in enumerate(nodes)])
+    transactions: list[object] = []
+
+    def began(conn: object) -> None:
+        transactions.append(conn)
+
+    event.listen(kmend.store.engine, "begin", began)
+    kmend.evaluate(now=t + 7)  # past half the hang threshold: every node's agent is asked for stacks
+    event.remove(kmend.store.engine, "begin", began)
+    assert all(len(kmend.healing.requests(n)) == 1 for n in nodes)
+    # Not one transaction (each a turn of the write queue that group commits wait behind) per node.
+    assert len(transactions) < 10, f"{len(transactions)} transactions for one evaluation"
+    kmend.store.close()
+
+
+def test_requests_opened_together_leave_those_already_there_as_they_are(database_url: str) -> None:
+    store = Store(database_url)
+    store.migrate()
+    store.ledger.open(RepairRequest("a", "node-000", "stack_dump", {"job": "llm"}))
+    store.ledger.answer("a", "done", "stacks sent")
+    store.ledger.open_all([RepairRequest("a", "node-000", "stack_dump", {"job": "llm"}),
+                           RepairRequest("b", "node-001", "stack_dump", {"job": "llm"})])
+    [a] = store.ledger.requests_for("node-000", pending_only=False)
+    assert (a.state, a.result) == ("done", "stacks sent")
+    [b] = store.ledger.requests_for("node-001")
+    assert (b.kind, b.params, b.state) == ("stack_dump", {"job": "llm"}, "pending")
+    store.ledger.open_all([])
+    store.close()

@@ -1,6 +1,7 @@
 """Retention: every table loses what is past its time — log lines, finished incidents with their findings,
 finished plans with their steps, the audit log, answered node requests — and keeps what is live or recent,
-on SQLite and PostgreSQL; the healer loop prunes on its own."""
+on SQLite and PostgreSQL; the service prunes on its own (its retention thread), and a pass cut short by its
+pace leaves the rest for the next one."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from analyzer.pipeline import Analyzer
@@ -16,9 +18,10 @@ from analyzer.rules import Rule
 from healer.notify import LogNotifier
 from healer.records import ActionStep, Mode, Plan, PlanState, StepKind, StepState
 from healer.steps.base import RepairRequest
+from kmend.pruning import run_retention
 from kmend.settings import Settings
 from kmend.store import Store, schema
-from kmend.store.retention import DAY, Retention
+from kmend.store.retention import DAY, Pace, Retention
 from kmend.wiring import make_kmend
 from sim.cluster import build_cluster
 from tests.builders import XID79, container, kernel
@@ -79,7 +82,7 @@ def test_each_table_keeps_what_is_live_or_recent_and_loses_the_rest(database_url
     store.close()
 
 
-def test_the_healer_loop_prunes_on_its_own(tmp_path: Path) -> None:
+def test_the_retention_loop_prunes_on_its_own(tmp_path: Path) -> None:
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", retention_signals_s=60,
                         healer_interval_s=0.05)
     k = make_kmend(settings, cluster=build_cluster(2), notifier=LogNotifier())
@@ -87,12 +90,33 @@ def test_the_healer_loop_prunes_on_its_own(tmp_path: Path) -> None:
     k.ingest([container("gpu-node-00", "step 1", ts=T0), container("gpu-node-00", "step 2", ts=T0 + 3600)])
     assert k.store.count_signals() == 2
     stop = threading.Event()
-    loop = threading.Thread(target=k.run_healer, args=(stop,))
+    loop = threading.Thread(target=run_retention, args=(k, stop))
     loop.start()
     try:
         wait_for(lambda: k.store.count_signals() == 1, timeout=60)
     finally:
         stop.set()
-        k.wake()
         loop.join(30)
     k.store.close()
+
+
+def test_a_pass_cut_short_by_its_pace_leaves_the_rest_for_the_next(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path / 'k.db'}")
+    store.migrate()
+    with store.engine.begin() as conn:
+        conn.execute(schema.signals.insert(), [{"id": f"s{i}", "node": "gpu-node-01", "source": "container",
+                                                "ts": T0 - i, "body": {}} for i in range(20_000)])
+    keep = Retention(signals_s=60)
+    first = Pace(share=0.5, pass_s=0.0)
+    assert store.prune(keep, first) == {} and first.cut_short  # over at once: nothing deleted
+    passes = 0
+    while True:
+        pace = Pace(share=0.5, pass_s=0.02)  # about one chunk a pass
+        store.prune(keep, pace)
+        passes += 1
+        if not pace.cut_short:
+            break
+    assert passes > 1
+    assert _count(store, "signals") == 61  # the lines within a minute of the newest (its own included)
+    assert Pace(share=0.25).rest_s(0.02) == pytest.approx(0.06)  # its chunks take a quarter of the time
+    store.close()

@@ -6,7 +6,7 @@ counted after it, and several replicas sharing a PostgreSQL database see the sam
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -107,6 +107,16 @@ class Ledger:
         found = self.get(request.id)
         assert found is not None
         return found
+
+    def open_all(self, requests: Sequence[RepairRequest]) -> None:
+        """Open many requests in one transaction (one turn of the write queue); those already there stay as they are."""
+        if not requests:
+            return
+        now = self.clock()
+        rows = [{"id": r.id, "node": r.node, "kind": r.kind, "params": dict(r.params), "state": r.state,
+                 "result": r.result, "created_at": now, "updated_at": now} for r in requests]
+        with self._begin() as conn:
+            conn.execute(self._insert(schema.node_requests).on_conflict_do_nothing(index_elements=["id"]), rows)
 
     def get(self, request_id: str) -> RepairRequest | None:
         with self.engine.connect() as conn:

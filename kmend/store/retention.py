@@ -2,8 +2,9 @@
 
 A backlog (the first prune after a restart or an upgrade) is deleted in transactions sized to take about
 `TARGET_S` each (an incident's chunk carries its findings, so rows alone say little about the time), with a
-short rest between them: the database's single writer is never held long, and a group commit waiting for it
-goes before the next chunk.
+rest between them: the database's single writer is never held long, and a group commit waiting for it
+goes before the next chunk. A `Pace` bounds a pass: its chunks take at most a share of the wall time (the rest
+after each chunk grows with it), and the pass ends after a set time, the remainder left to the next pass.
 
 Every table is bounded. Log lines, finished incidents with their findings, finished plans with their
 steps, the audit log and answered node requests age out after their own time (0 keeps them for
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from sqlalchemy import Column, ColumnElement, Connection, Engine, Table, delete, func, select
@@ -48,6 +49,33 @@ class Retention:
     """Answered node requests (GPU resets, stack dumps)."""
 
 
+@dataclass(slots=True)
+class Pace:
+    """How much of the time one pruning pass may take (the service prunes on a thread of its own with one)."""
+
+    share: float = 0.25
+    """The largest share of the wall time its transactions take: a chunk of t s is followed by t * (1 - share) / share
+    s of rest."""
+    pass_s: float = 5.0
+    """The longest pass: what is still due after it waits for the next pass."""
+    stop: Callable[[], bool] = lambda: False
+    """Ends the pass between two chunks (the service is stopping)."""
+    began: float = field(default_factory=time.monotonic)
+    """When the pass began (monotonic clock)."""
+    cut_short: bool = False
+    """Set when the pass ended before everything due was deleted."""
+
+    def over(self) -> bool:
+        """Whether the pass must end now; notes that it was cut short."""
+        if self.stop() or time.monotonic() - self.began >= self.pass_s:
+            self.cut_short = True
+        return self.cut_short
+
+    def rest_s(self, took: float) -> float:
+        """The rest after a chunk that took `took` seconds."""
+        return max(REST_S, took * (1.0 - self.share) / self.share)
+
+
 def _newest(engine: Engine, ts: Column[float]) -> float | None:
     with engine.connect() as conn:
         got = conn.execute(select(func.max(ts))).scalar_one()
@@ -57,13 +85,15 @@ def _newest(engine: Engine, ts: Column[float]) -> float | None:
 def _drop_before(engine: Engine, table: Table, ts: Column[float], cut: float, chunk: int,
                  where: ColumnElement[bool] | None = None, child: Column[str] | None = None,
                  rest: Callable[[float], None] = time.sleep,
-                 begin: Callable[[], AbstractContextManager[Connection]] | None = None) -> tuple[int, int]:
+                 begin: Callable[[], AbstractContextManager[Connection]] | None = None,
+                 pace: Pace | None = None) -> tuple[int, int]:
     """Delete `table`'s rows with `ts` < `cut` (and `where`), `chunk` at a time, rows of `child` pointing at them
-    first, resting between chunks; returns (rows, child rows) deleted."""
+    first, resting between chunks (as `pace` says, and only until it says the pass is over); returns (rows,
+    child rows) deleted."""
     rows = children = 0
     key = table.c.id
     size = chunk
-    while True:
+    while pace is None or not pace.over():
         began = time.monotonic()
         q = select(key).where(ts < cut).limit(size)
         if where is not None:
@@ -82,16 +112,18 @@ def _drop_before(engine: Engine, table: Table, ts: Column[float], cut: float, ch
             size = max(1, int(size * TARGET_S / took))
         elif took < TARGET_S / 2:
             size = min(chunk, size * 2)
-        rest(REST_S)  # the writers waiting for the lock go first
+        rest(REST_S if pace is None else pace.rest_s(took))  # the writers waiting for the lock go first
     return rows, children
 
 
 def prune(engine: Engine, keep: Retention, now: float, *, chunk: int = 1000,
-          begin: Callable[[], AbstractContextManager[Connection]] | None = None) -> dict[str, int]:
-    """Delete what is past its retention, `chunk` rows per transaction; returns rows deleted per table."""
+          begin: Callable[[], AbstractContextManager[Connection]] | None = None,
+          pace: Pace | None = None) -> dict[str, int]:
+    """Delete what is past its retention, `chunk` rows per transaction, at `pace` (`pace.cut_short` tells whether
+    rows due are left for the next pass); returns rows deleted per table."""
     out: dict[str, int] = {}
     sig, inc, fnd, plans, steps = schema.signals, schema.incidents, schema.findings, schema.plans, schema.steps
-    drop = partial(_drop_before, engine, chunk=chunk, begin=begin)
+    drop = partial(_drop_before, engine, chunk=chunk, begin=begin, pace=pace)
     if keep.signals_s > 0 and (newest := _newest(engine, sig.c.ts)) is not None:
         out["signals"], _ = drop(sig, sig.c.ts, newest - keep.signals_s)
     if keep.signals_s > 0:  # an agent process silent this long is gone (its spool replays long done)

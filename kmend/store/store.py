@@ -29,7 +29,7 @@ from kmend.store import schema
 from kmend.store.group import IngestOutcome as IngestOutcome
 from kmend.store.group import WriteSet
 from kmend.store.ledger import Ledger
-from kmend.store.retention import Retention, prune
+from kmend.store.retention import Pace, Retention, prune
 from kmend.store.rows import body_json, kept
 from kmend.store.rows import json_text as _json_text
 from kmend.store.series import series_row, series_state
@@ -482,9 +482,9 @@ class Store:
         with self.engine.connect() as conn:
             return {r[0] for r in conn.execute(q) if r[0]}
 
-    def prune(self, keep: Retention) -> dict[str, int]:
-        """Delete rows past their retention (small transactions); returns rows deleted per table."""
-        return prune(self.engine, keep, self.clock(), begin=self.writes.begin)
+    def prune(self, keep: Retention, pace: Pace | None = None) -> dict[str, int]:
+        """Delete rows past their retention (small transactions, at `pace`); returns rows deleted per table."""
+        return prune(self.engine, keep, self.clock(), begin=self.writes.begin, pace=pace)
 
     def runnable_plan_ids(self) -> list[str]:
         """Ids of the plans the healer loop resumes (running or pending), oldest first; no bodies are read."""

@@ -1,12 +1,9 @@
-"""What the policy needs to know about an incident's node and job when its plan is made (``PlanContext``).
-
-Read from the cluster now (the node watch and pod watch where they are in sync) and from the node's plans in the
-journal: the node's labels and opt-out, the job on it now, a plan still running there, cooldown, remediation attempts.
-"""
+"""What the healer reads before it plans for new incidents: the order it takes them in, and each one's context
+from the cluster's watches and the journal."""
 
 from __future__ import annotations
 
-from analyzer.records import Incident
+from analyzer.records import SEVERITY_RANK, Incident
 from healer.cluster import NotFoundError
 from healer.history import node_history
 from healer.jobs import job_opted_out, jobs_bound, pods_of_job
@@ -19,8 +16,14 @@ from healer.workloads import PodInfo
 from kmend.store import Store
 
 
+def first_to_plan(inc: Incident) -> tuple[int, bool, float, str]:
+    """The order new incidents are planned for: most severe first, hardware first, then oldest first."""
+    return (-SEVERITY_RANK[inc.severity], not inc.hardware, inc.opened_at, inc.id)
+
+
 def plan_context(ctx: StepContext, store: Store, policy: PolicyFile, inc: Incident, now: float) -> PlanContext:
-    """The context ``choose_plan`` decides on for ``inc`` at ``now``."""
+    """What the policy needs besides the incident: the node's labels and opt-out, the job the fault hurts (from the
+    cluster's watches), and the node's plans (one held, a cooldown, attempts, the lemon verdict)."""
     node = inc.root_cause.node
     labels: dict[str, str] = {}
     opted_out = ""
@@ -65,4 +68,3 @@ def plan_context(ctx: StepContext, store: Store, policy: PolicyFile, inc: Incide
     attempts, lemon = node_history(history, policy.safety, now, inc.root_cause.gpu or inc.root_cause.pci)
     return PlanContext(now, labels, namespace, opted_out, held, in_cooldown, job=job, attempts=attempts,
                        lemon=lemon)
-
