@@ -51,12 +51,15 @@ class Background:
         """Per plan: its node, the plan as the task got it, whether the loop resumed it (not a new quarantine), its
         task."""
         self._pool: ThreadPoolExecutor | None = None
+        self.on_done: Callable[[], None] = lambda: None
+        """Called when a task ends (the service wakes its loop, which settles the plan's incident and node)."""
 
     def _submit(self, plan: Plan, resumed: bool) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.parallel, thread_name_prefix="kmend-quarantine")
         task = self._pool.submit(self._resume if resumed else self._run, plan)
         self._tasks[plan.id] = (plan.node or "", plan, resumed, task)
+        task.add_done_callback(lambda _: self.on_done())
 
     def start(self, plan: Plan) -> None:
         """Run the plan on up to ``stop_before`` in the background."""

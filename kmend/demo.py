@@ -177,8 +177,10 @@ def _pending_request(client: httpx.Client, node: str) -> dict[str, Any] | None:
 
 def _plans_done(client: httpx.Client) -> bool:
     plans = client.get("/v1/plans").json()["plans"]
-    return bool(plans) and all(p["state"] in ("succeeded", "failed", "rejected", "dry_run") for p in plans) \
+    done = bool(plans) and all(p["state"] in ("succeeded", "failed", "rejected", "dry_run") for p in plans) \
         and any(p["state"] == "succeeded" and p["policy"] != "notify" for p in plans)
+    # A plan's last step runs in the background; the healer's next round settles its incident and node.
+    return done and all(n["state"] in ("healthy", "spare") for n in client.get("/v1/nodes").json()["nodes"].values())
 
 
 def _job_view(world: SimWorld, bad: str, spares: set[str]) -> dict[str, Any]:

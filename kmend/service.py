@@ -140,6 +140,7 @@ class Kmend:
         self.grouped = GroupedIngest(self)
         """Numbered batches, detector findings and state changes: committed after the lock (group commit)."""
         self._wake = threading.Event()
+        self.healing.background.on_done = self._wake.set  # a finished step is settled at once, not at the next tick
         self.ready = False
         self.on_start: list[Callable[[], None]] = []
         """Called once the store is migrated and the state rebuilt (what happened before the store existed)."""

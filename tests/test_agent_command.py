@@ -45,7 +45,8 @@ def test_build_agent_wires_the_sources_it_can_use(tmp_path: Path) -> None:
                              ib_root=FIXTURES / "ib", nvml=False, pod_labels=False,
                              service_url="http://127.0.0.1:9")
     agent = build_agent(settings)
-    assert [s.name for s in agent.sources] == ["container", "kernel", "processes", "ib"]
+    # py-spy is installed with kmend: the stack survey samples the node's rank processes now and then.
+    assert [s.name for s in agent.sources] == ["container", "kernel", "processes", "stack-survey", "ib"]
     # Stack dumps, checkpoint searches (and GPU resets where NVML answers) are node requests, in their own thread.
     runner = build_request_runner(settings)
     assert runner is not None and {"stack_dump", "find_checkpoint"} <= set(runner.capabilities)
@@ -61,7 +62,9 @@ def test_missing_kmsg_device_is_logged_not_fatal(tmp_path: Path) -> None:
     settings = AgentSettings(node="n1", state_dir=tmp_path, pods_root=tmp_path / "pods",
                              kmsg_path=tmp_path / "no-kmsg", ib_root=tmp_path / "no-ib", nvml=False,
                              pod_labels=False)
-    assert [s.name for s in build_agent(settings).sources] == ["container", "processes"]
+    assert [s.name for s in build_agent(settings).sources] == ["container", "processes", "stack-survey"]
+    off = settings.model_copy(update={"stack_survey_s": 0.0})
+    assert [s.name for s in build_agent(off).sources] == ["container", "processes"]
 
 
 def test_bad_rule_pack_stops_start_up_with_its_name(tmp_path: Path) -> None:
