@@ -59,6 +59,9 @@ class RankState:
     """Step of the newest sample in `times`."""
     sample_phased: bool = False
     """Whether that sample came with phases."""
+    ranges: deque[tuple[int, int, float, float]] = field(default_factory=lambda: deque(maxlen=16))
+    """(last step, steps, mean, standard deviation) of the own work over each summary of hook reports, newest last:
+    every rank's summaries close at the same steps, so ranks are compared over the same steps."""
     arrivals: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
     """(step, when it was reported), newest last: lock-stepped ranks report a step together, so a
     rank that keeps reporting late is the one the others wait for."""
@@ -259,6 +262,8 @@ class JobBook:
             rank.has_phases = True
         rank.times.append(own)
         rank.sample_step, rank.sample_phased = ev.step if ev.step is not None else -1, phased
+        if phased and ev.samples > 1 and ev.step is not None and (sd := _own_sd(ev)) is not None:
+            rank.ranges.append((ev.step, ev.samples, own, sd))
 
     def _refine(self, rank: RankState, ev: ProgressEvent) -> None:
         # The hook's report of a step whose log line (or a later step's) came first: its phases
@@ -390,6 +395,17 @@ def _restarted(job: JobState, ev: ProgressEvent) -> bool:
     # A rank's own reports arrive in order: a lower step reported later than its last one is a
     # resumption from a checkpoint (a late report of an older step carries an older time).
     return step < rank.last_step and ev.ts > rank.last_ts
+
+
+def _own_sd(ev: ProgressEvent) -> float | None:
+    """The spread of a summary's own work over its steps (None: its phases' spreads do not tell it)."""
+    sd = ev.phases_sd
+    if "compute" in ev.phases:
+        return sd.get("compute")
+    own = [k for k in COMPUTE_PHASES if k in ev.phases]
+    if not own or any(k not in sd for k in own):
+        return None
+    return float(sum(sd[k] ** 2 for k in own) ** 0.5)
 
 
 def _own_time(ev: ProgressEvent, derived: float | None) -> tuple[float | None, str]:
