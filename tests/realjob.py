@@ -243,10 +243,11 @@ def _wait_agent_started(agent: Proc, node: str, timeout: float = 120.0) -> None:
 
 @contextmanager
 def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str, ...] = (NODE,),
-                  agents: bool = True) -> Iterator[Kmend]:
+                  agents: bool = True, agent_args: tuple[str, ...] = ()) -> Iterator[Kmend]:
     """`kmend serve` (simulated cluster, SQLite) and a `kmend agent` per node (NODE alone by default), as separate
     processes; each agent has its own pod log directory and state, as on its own machine. With `agents` False,
-    the agents start when the test calls ``start_agents`` (an agent that comes up after a job began or ended)."""
+    the agents start when the test calls ``start_agents`` (an agent that comes up after a job began or ended);
+    `agent_args` are added to every agent's command line."""
     node_pods = {node: tmp / ("pods" if i == 0 else f"pods-{node}") for i, node in enumerate(nodes)}
     for d in node_pods.values():
         d.mkdir()
@@ -273,7 +274,7 @@ def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str
                                             # at the default window: these jobs step every 10-150 ms, and a
                                             # window closes every 16 steps too, so a slow rank is still named
                                             # within 30 steps.
-                                            "--flush-interval", "0.2", "--status-port", "0"],
+                                            "--flush-interval", "0.2", "--status-port", "0", *agent_args],
                                            tmp / f"agent{suffix}.log", {}))
                 for node, agent in zip(node_pods, agents_list, strict=True):
                     _wait_agent_started(agent, node)
