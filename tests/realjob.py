@@ -111,11 +111,12 @@ class Pod:
 
 
 class Job:
-    """A torchrun job of `world` single-worker pods, on one node or on the nodes of `pod_roots` (one per pod)."""
+    """A torchrun job of `world` single-worker pods, on one node or on the nodes of `pod_roots` (one per pod);
+    `args` follow the steps on the script's command line."""
 
     def __init__(self, root: Path, name: str, script: str, steps: int, world: int,
                  fault: dict[str, str] | None = None, env: dict[str, str] | None = None,
-                 pod_roots: list[Path] | None = None) -> None:
+                 pod_roots: list[Path] | None = None, args: tuple[str, ...] = ()) -> None:
         self.root, self.name, self.world = root, name, world
         self.pods: list[Pod] = []
         port = free_port()
@@ -128,7 +129,7 @@ class Job:
                 penv["PYTHONPATH"] = os.pathsep.join([str(INJECT), penv.get("PYTHONPATH", "")])
             argv = [str(Path(sys.executable).parent / "torchrun"), f"--nnodes={world}", f"--node-rank={r}",
                     "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-                    str(JOBS / script), str(steps)]
+                    str(JOBS / script), str(steps), *args]
             log = CriFile((pod_roots[r] if pod_roots else root) / f"{NAMESPACE}_{pod}_{uuid.uuid4()}" / "trainer"
                           / "0.log")
             proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

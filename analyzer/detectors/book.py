@@ -69,6 +69,14 @@ class RankState:
     """When the rank's container was seen gone (None while it runs)."""
     numbered: bool = False
     """The rank prints numbered steps (a progress bar, a step line): its counted lines are no steps of their own."""
+    alive_ts: float = 0.0
+    """When the rank last printed a counted line after its numbered steps: no step number, but progress (a Trainer's
+    bar reaches a pod's log only when 16 KiB of redraws fill a record, its loss dict every `logging_steps`)."""
+
+    @property
+    def heard_ts(self) -> float:
+        """When the rank last showed progress: a step, or a counted line of a numbered rank."""
+        return max(self.last_ts, self.alive_ts)
 
     @property
     def basis(self) -> str:
@@ -165,6 +173,10 @@ class JobBook:
             # A Hugging Face Trainer prints its bar's step every step and a loss dict (which numbers none) every
             # `logging_steps`: the dicts' count would read as the steps going back, a restart each time.
             if ev.counted and rank.numbered:
+                if ev.ts > rank.heard_ts:  # progress all the same: silence counts from here
+                    if rank.heard_ts > 0:
+                        job.intervals.append(ev.ts - rank.heard_ts)
+                    rank.alive_ts = ev.ts
                 return
             if not ev.counted and not rank.numbered:
                 rank.numbered = True
@@ -201,7 +213,7 @@ class JobBook:
         if rank.last_step >= 0 and ev.ts >= rank.last_ts:
             gap = ev.ts - rank.last_ts
             steps = ev.step - rank.last_step
-            job.intervals.append(gap)
+            job.intervals.append(ev.ts - rank.heard_ts if ev.ts >= rank.heard_ts else gap)
             derived = gap / steps
         else:
             derived = None
@@ -355,7 +367,7 @@ class JobBook:
     def expire(self, now: float, idle_s: float) -> list[str]:
         """Drop jobs with no progress for `idle_s` (finished, deleted or long dead); returns their names."""
         gone = [name for name, job in self.jobs.items()
-                if job.ranks and now - max(max(r.last_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
+                if job.ranks and now - max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
         for name in gone:
             del self.jobs[name]
             self._unindex(name)
