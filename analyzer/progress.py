@@ -58,6 +58,8 @@ class ProgressEvent:
     step."""
     phases_sd: Mapping[str, float] = field(default_factory=dict)
     """With `samples` > 1: each phase's standard deviation over those steps."""
+    phases_peak: Mapping[str, float] = field(default_factory=dict)
+    """With `samples` > 1: each phase's largest seconds in those steps."""
 
     @property
     def key(self) -> str:
@@ -258,5 +260,6 @@ def _arrivals(sig: Signal, p: ProgressSample) -> list[ProgressEvent]:
         out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=ts, kind=ProgressKind.STEP, step=step,
                                  step_time=step_time, signal_id=sig.id, rule_id="summary", world_size=p.world_size,
                                  namespace=p.namespace, phases=dict(p.phases) if last else {},
-                                 samples=p.samples if last else 1, phases_sd=dict(p.phases_sd) if last else {}))
+                                 samples=p.samples if last else 1, phases_sd=dict(p.phases_sd) if last else {},
+                                 phases_peak=dict(p.phases_peak) if last else {}))
     return out

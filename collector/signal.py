@@ -84,6 +84,9 @@ class ProgressSample:
     phases_sd: Mapping[str, float] = field(default_factory=dict)
     """For a summary of the hook's samples: each phase's standard deviation over the window's steps (how steady
     the rank's own work was; CPU contention makes every rank's unsteady, a slow rank's stays steady and higher)."""
+    phases_peak: Mapping[str, float] = field(default_factory=dict)
+    """For a summary of the hook's samples: each phase's largest seconds in the window (its slowest step, which the
+    service sets aside: one hiccup is not how the rank's steps go)."""
 
 
 MAX_ARRIVALS = 64

@@ -66,3 +66,16 @@ def test_hook_summaries_close_at_the_step_cut_with_each_report_and_the_phases_sp
     fast = decode_fast(raw)
     assert fast is not None and fast[0] == [summary]
     assert [to_record(x) for x in SignalBatch.model_validate(json.loads(raw)).signals] == [summary]
+
+
+def test_a_summary_whose_phases_go_below_zero_crosses_the_wire() -> None:
+    # A trainer's own phase sums can come out negative (a wait measured as the step less a longer compute): the
+    # summary's largest value of that phase is then negative too, and the service must take the batch.
+    w = ProgressWindows()
+    out = [s for step in range(1, 17) for s in w.add(_report(0, step, 0.07))]  # comm_wait = 0.06 - 0.07 < 0
+    [summary] = out
+    assert isinstance(summary.payload, ProgressSample) and summary.payload.phases_peak["comm_wait"] < 0
+    raw = gzip.decompress(encode_batch([summary]))
+    fast = decode_fast(raw)
+    assert fast is not None and fast[0] == [summary]
+    assert [to_record(x) for x in SignalBatch.model_validate(json.loads(raw)).signals] == [summary]

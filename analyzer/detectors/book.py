@@ -59,9 +59,10 @@ class RankState:
     """Step of the newest sample in `times`."""
     sample_phased: bool = False
     """Whether that sample came with phases."""
-    ranges: deque[tuple[int, int, float, float]] = field(default_factory=lambda: deque(maxlen=16))
-    """(last step, steps, mean, standard deviation) of the own work over each summary of hook reports, newest last:
-    every rank's summaries close at the same steps, so ranks are compared over the same steps."""
+    ranges: deque[tuple[int, int, float, float, float]] = field(default_factory=lambda: deque(maxlen=16))
+    """(last step, steps, mean, standard deviation, standard deviation of all its steps) of the own work over each
+    summary of hook reports, its slowest step set aside (one hiccup is no measure of the rank), newest last: every
+    rank's summaries close at the same steps, so ranks are compared over the same steps."""
     arrivals: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
     """(step, when it was reported), newest last: lock-stepped ranks report a step together, so a
     rank that keeps reporting late is the one the others wait for."""
@@ -274,8 +275,8 @@ class JobBook:
             rank.has_phases = True
         rank.times.append(own)
         rank.sample_step, rank.sample_phased = ev.step if ev.step is not None else -1, phased
-        if phased and ev.samples > 1 and ev.step is not None and (sd := _own_sd(ev)) is not None:
-            rank.ranges.append((ev.step, ev.samples, own, sd))
+        if phased and ev.phases_sd and ev.step is not None and (got := _own_range(ev)) is not None:
+            rank.ranges.append((ev.step, *got))
 
     def _refine(self, rank: RankState, ev: ProgressEvent) -> None:
         # The hook's report of a step whose log line (or a later step's) came first: its phases
@@ -409,15 +410,26 @@ def _restarted(job: JobState, ev: ProgressEvent) -> bool:
     return step < rank.last_step and ev.ts > rank.last_ts
 
 
-def _own_sd(ev: ProgressEvent) -> float | None:
-    """The spread of a summary's own work over its steps (None: its phases' spreads do not tell it)."""
-    sd = ev.phases_sd
-    if "compute" in ev.phases:
-        return sd.get("compute")
-    own = [k for k in COMPUTE_PHASES if k in ev.phases]
-    if not own or any(k not in sd for k in own):
+def _own_range(ev: ProgressEvent) -> tuple[int, float, float, float] | None:
+    """A summary's own work over its steps: (steps, mean, standard deviation) with each phase's slowest step set
+    aside when its largest value came with it, and the standard deviation over all its steps (None: its phases'
+    spreads do not tell it)."""
+    own = ["compute"] if "compute" in ev.phases else [k for k in COMPUTE_PHASES if k in ev.phases]
+    if not own or any(k not in ev.phases_sd for k in own):
         return None
-    return float(sum(sd[k] ** 2 for k in own) ** 0.5)
+    n, mean, var, full = ev.samples, 0.0, 0.0, 0.0
+    trim = n > 2 and all(k in ev.phases_peak for k in own)
+    for k in own:
+        m, sd = ev.phases[k], ev.phases_sd[k]
+        full += sd * sd
+        if trim:
+            peak = ev.phases_peak[k]
+            total, squares = m * n - peak, (sd * sd + m * m) * n - peak * peak
+            m = total / (n - 1)
+            sd = max(squares / (n - 1) - m * m, 0.0) ** 0.5
+        mean += m
+        var += sd * sd
+    return (n - 1 if trim else n), mean, var ** 0.5, full ** 0.5
 
 
 def _own_time(ev: ProgressEvent, derived: float | None) -> tuple[float | None, str]:

@@ -56,6 +56,9 @@ class StragglerConfig:
     noise_z: float = 4.0
     """The rank's excess over the reference must be this many standard errors of a median over the window,
     from the ranks' own step-to-step spread: contention that slows every rank unevenly is spread, not a straggler."""
+    range_noise_z: float = 5.0
+    """For a summary of hook reports (`_score_ranges`): its mean's excess must be this many standard errors (one
+    judgement stands for up to 16 steps, with no per-step test behind it)."""
     above_fraction: float = 0.8
     """... and the rank must be slower than that step's median rank in at least this fraction of the window's
     steps (a slow rank is slow nearly every step; ranks slowed at random are not)."""
@@ -192,31 +195,37 @@ class StragglerDetector:
         """Ranks whose own work was slower than their peers' over the same steps: the agents' summaries of hook
         reports, which close at the same steps on every rank (None: the job's ranks sent no such summaries).
 
-        Each summary every rank sent is judged once, when the last of them arrives: the rank's mean against the
-        ranks' median, in robust z-scores across ranks, and against the noise of a mean over its steps (the larger
-        of its own spread and the ranks' median spread). CPU contention or a pause makes every hit rank's work
-        unsteady over the summary's steps, so its mean is noise; a slow rank is slower step after step. A flagged
-        summary counts its steps towards `persistence`.
+        Each summary every rank sent is judged once, when the last of them arrives: the rank's mean (its slowest
+        step set aside) against the ranks' median, in robust z-scores across ranks, and against the noise of a mean
+        over its steps (the larger of its own spread without that step and the ranks' median spread over all
+        steps). CPU contention or a pause makes every hit rank's work unsteady over the summary's steps, so its
+        mean is noise; a slow rank is slower step after step. A flagged summary counts its steps towards
+        `persistence`; one of fewer than `min_samples` steps (cut short by time) is not judged.
         """
         cfg = self.config
         ranks = [r for r, st in job.ranks.items() if r >= 0 and st.has_phases and st.ranges]
         if len(ranks) < cfg.min_ranks:
             return None
-        seen = [{end: (n, mean, sd) for end, n, mean, sd in job.ranks[r].ranges} for r in ranks]
-        common = sorted(set.intersection(*(set(d) for d in seen)))
+        seen = [list(job.ranks[r].ranges) for r in ranks]
+        common = sorted(set.intersection(*({x[0] for x in d} for d in seen)))
         if not common:
             return None
         prev = self._range_at.get(name, -1)
         out: list[Finding] = []
         for end in (e for e in common if e > prev):
-            rows = np.array([d[end] for d in seen], dtype=np.float64)
-            n, mean, sd = rows[:, 0], rows[:, 1], rows[:, 2]
-            scorer = RobustScorer().fit(mean)
-            z, slow = scorer.score(mean), scorer.ratio(mean)
-            se = np.maximum(np.maximum(sd, float(np.median(sd))) / np.sqrt(n), 1e-12)
-            flagged = (z >= cfg.z_min) & (slow >= cfg.min_slowdown) & ((mean - scorer.center_) / se >= cfg.noise_z)
+            # Every rank's summaries since the last judged step up to this one cover the same steps (summaries cut
+            # by time end at other steps on other nodes): pooled, one row per rank.
+            n, mean, sd, full = (np.array(col, dtype=np.float64) for col in zip(
+                *(_pooled([x[1:] for x in d if prev < x[0] <= end]) for d in seen), strict=True))
+            if n.min() < cfg.min_samples:
+                continue  # cut short by time: judged together with the next
             span = end - prev if prev >= 0 else int(n.min())
             prev = end
+            scorer = RobustScorer().fit(mean)
+            z, slow = scorer.score(mean), scorer.ratio(mean)
+            se = np.maximum(np.maximum(sd, float(np.median(full))) / np.sqrt(n), 1e-12)
+            flagged = ((z >= cfg.z_min) & (slow >= cfg.min_slowdown)
+                       & ((mean - scorer.center_) / se >= cfg.range_noise_z))
             for i, r in enumerate(ranks):
                 ep = self._ranks.setdefault((name, r), _Episode())
                 if not self._step(ep, bool(flagged[i]), end, span=span, recovered=bool(slow[i] < cfg.min_slowdown)):
@@ -231,7 +240,7 @@ class StragglerDetector:
                 if reason:
                     fields["node_evidence"] = reason
                 msg = (f"rank {r} on {st.node} is {slow[i]:.2f}x slower than the median rank ({st.basis} "
-                       f"{mean[i]:.3f} s vs {scorer.center_:.3f} s a step over steps {end - int(n[i]) + 1}-{end})")
+                       f"{mean[i]:.3f} s vs {scorer.center_:.3f} s a step, {int(n[i])} steps to step {end})")
                 out.append(Finding(
                     id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
                     severity=Severity.WARNING, hardware=hardware, where=job_location(name, node=st.node, rank=r),
@@ -239,7 +248,7 @@ class StragglerDetector:
                     evidence=(st.signal_id,) if st.signal_id else (),
                     message=msg + (f"; node: {reason}" if reason else ""), fields=fields,
                 ))
-        self._range_at[name] = common[-1]
+        self._range_at[name] = prev
         return out
 
     def _unusual(self, rows: np.ndarray, med: np.ndarray, center: float) -> np.ndarray:
@@ -411,3 +420,17 @@ class StragglerDetector:
                         "nodes": str(len(nodes))},
             ))
         return out
+
+
+
+def _pooled(parts: list[tuple[int, float, float, float]]) -> tuple[int, float, float, float]:
+    """Consecutive summaries of one rank, each (steps, mean, sd, sd of all steps), as one."""
+    steps = sum(p[0] for p in parts)
+    if steps == 0:
+        return 0, 0.0, 0.0, 0.0
+    mean = sum(p[0] * p[1] for p in parts) / steps
+
+    def sd(k: int) -> float:
+        return float(max(sum(p[0] * (p[k] ** 2 + p[1] ** 2) for p in parts) / steps - mean * mean, 0.0) ** 0.5)
+
+    return steps, mean, sd(2), sd(3)
