@@ -195,12 +195,13 @@ class StragglerDetector:
         """Ranks whose own work was slower than their peers' over the same steps: the agents' summaries of hook
         reports, which close at the same steps on every rank (None: the job's ranks sent no such summaries).
 
-        Each summary every rank sent is judged once, when the last of them arrives: the rank's mean (its slowest
-        step set aside) against the ranks' median, in robust z-scores across ranks, and against the noise of a mean
-        over its steps (the larger of its own spread without that step and the ranks' median spread over all
-        steps). CPU contention or a pause makes every hit rank's work unsteady over the summary's steps, so its
-        mean is noise; a slow rank is slower step after step. A flagged summary counts its steps towards
-        `persistence`; one of fewer than `min_samples` steps (cut short by time) is not judged.
+        The steps up to each step that every rank's summaries end at are judged once, when the last of them
+        arrives: the rank's mean (each summary's slowest step set aside) against the ranks' median, in robust
+        z-scores across ranks, and against the noise of a mean over those steps (the larger of its own spread
+        without that step and the ranks' median spread over all steps). CPU contention or a pause makes every hit
+        rank's work unsteady over those steps, so its mean is noise; a slow rank is slower step after step. Flagged
+        steps count towards `persistence`; fewer than `min_samples` (summaries cut short by time) wait to be judged
+        with the next.
         """
         cfg = self.config
         ranks = [r for r, st in job.ranks.items() if r >= 0 and st.has_phases and st.ranges]
