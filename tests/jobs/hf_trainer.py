@@ -30,8 +30,8 @@ def main() -> None:
     config = GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
                         eos_token_id=0)
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=steps, per_device_train_batch_size=4,
-                             logging_steps=logging_steps, report_to=[], save_strategy="no", use_cpu=True, ddp_backend="gloo",
-                             dataloader_num_workers=0)
+                             logging_steps=logging_steps, report_to=[], save_strategy="no", use_cpu=True,
+                             ddp_backend="gloo", dataloader_num_workers=0)
     Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=RandomTokens()).train()
 
 
