@@ -53,6 +53,13 @@ class ProgressEvent:
     counted: bool = False
     """`step` was counted from lines that number no step (a Trainer's loss dict), not printed: it is no
     measure of a rank that also prints numbered steps (its progress bar)."""
+    samples: int = 1
+    """Steps `phases` stand for: an agent's summary of hook reports gives its window's mean phases with its last
+    step."""
+    phases_sd: Mapping[str, float] = field(default_factory=dict)
+    """With `samples` > 1: each phase's standard deviation over those steps."""
+    phases_peak: Mapping[str, float] = field(default_factory=dict)
+    """With `samples` > 1: each phase's largest seconds in those steps."""
 
     @property
     def key(self) -> str:
@@ -245,8 +252,14 @@ class ProgressExtractor:
 
 
 def _arrivals(sig: Signal, p: ProgressSample) -> list[ProgressEvent]:
-    """A summary of step lines as the step events its lines gave."""
-    return [ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=ts, kind=ProgressKind.STEP, step=step,
-                          step_time=step_time, signal_id=sig.id, rule_id="summary", world_size=p.world_size,
-                          namespace=p.namespace)
-            for step, ts, step_time in p.arrivals]
+    """A summary of step lines or hook reports as the step events they gave; a hook summary's mean phases (and
+    their spread) go with its last step, standing for all its steps."""
+    out = []
+    for step, ts, step_time in p.arrivals:
+        last = step == p.step and bool(p.phases)
+        out.append(ProgressEvent(job=p.job, rank=p.rank, node=sig.node, ts=ts, kind=ProgressKind.STEP, step=step,
+                                 step_time=step_time, signal_id=sig.id, rule_id="summary", world_size=p.world_size,
+                                 namespace=p.namespace, phases=dict(p.phases) if last else {},
+                                 samples=p.samples if last else 1, phases_sd=dict(p.phases_sd) if last else {},
+                                 phases_peak=dict(p.phases_peak) if last else {}))
+    return out

@@ -31,9 +31,9 @@ STEP_CUT = 16
 """A rank's window of step lines also closes after a step whose number is a multiple of this: a job stepping every
 50 ms runs 100 steps in a 5 s window, and its slow rank must be named within 30 steps. Cutting on step numbers (not
 counts) closes every rank's windows at the same steps on every node, and rebuilds the same summary ids after a
-restart; a job stepping slower than ``STEP_CUT`` steps a window is cut by time alone. The hook's windows are cut by
-time alone: their summaries carry the window's mean step time and phases, one sample to the detectors however many
-steps it covers."""
+restart; a job stepping slower than ``STEP_CUT`` steps a window is cut by time alone. The hook's windows are cut the
+same way: their summaries list each report's time and step time as a step line's do, and carry the window's mean and
+standard deviation and largest value of each phase, so the service compares ranks' own work over the same steps."""
 
 LineStep = Callable[[LogLine], ProgressSample | bool]
 """A log line's step as a sample to summarise; True: a progress line the service reads itself; False: no progress."""
@@ -49,8 +49,12 @@ class _Window:
     times: list[float] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
     phased: int = 0
+    squares: dict[str, float] = field(default_factory=dict)
+    """Sum of each phase's squared seconds (its spread over the window)."""
+    peaks: dict[str, float] = field(default_factory=dict)
+    """Each phase's largest seconds in the window."""
     arrivals: list[tuple[int, float, float | None]] | None = None
-    """(step, time, step time) of each step, for a window of step lines (None: hook samples)."""
+    """(step, time, step time) of each step (None: not listed, a summary of summaries)."""
 
 
 class ProgressWindows:
@@ -64,11 +68,12 @@ class ProgressWindows:
     def __len__(self) -> int:
         return len(self._windows)
 
-    def add(self, sig: Signal, *, arrival: bool = False) -> list[Signal]:
+    def add(self, sig: Signal, *, arrival: bool = True) -> list[Signal]:
         """Take a signal: a step sample joins its rank's window (out: the window's summary when the step closes it,
         see `STEP_CUT`); anything else comes out at once,
         after its rank's window (an end or exit must follow the steps before it). With `arrival`, the step's
-        time is listed in the summary (a step line's: the service compares ranks' arrivals at equal steps)."""
+        time is listed in the summary (a step line's or a hook report's: the service compares ranks' arrivals
+        at equal steps) and the window closes on the step cut."""
         p = sig.payload
         if not isinstance(p, ProgressSample):
             return [sig]
@@ -92,6 +97,8 @@ class ProgressWindows:
             w.phased += p.samples
         for name, sec in p.phases.items():
             w.phases[name] = w.phases.get(name, 0.0) + sec * p.samples
+            w.squares[name] = w.squares.get(name, 0.0) + sec * sec * p.samples
+            w.peaks[name] = max(w.peaks.get(name, sec), sec)
         if w.arrivals is not None and self.step_cut and p.step % self.step_cut == 0 and p.step > 0:
             return self._take([key], sig.ts)
         return []
@@ -127,11 +134,14 @@ def thin(arrivals: list[tuple[int, float, float | None]]) -> tuple[tuple[int, fl
 def _summary(w: _Window, at: float) -> Signal:
     last = w.last.payload
     assert isinstance(last, ProgressSample)
-    if w.count == 1:
-        return w.last
+    if w.count == 1 and not (w.phased and w.arrivals):
+        return w.last  # a hook report's window of one step is still a summary: its rank's steps stay contiguous
     mean = sum(w.times) / len(w.times) if w.times else None
+    phases = {k: v / w.phased for k, v in w.phases.items()}
+    sd = {k: max(w.squares.get(k, 0.0) / w.phased - m * m, 0.0) ** 0.5 for k, m in phases.items()}
     sample = ProgressSample(job=last.job, rank=last.rank, step=last.step, step_time=mean,
-                            phases={k: v / w.phased for k, v in w.phases.items()}, world_size=last.world_size,
+                            phases=phases, phases_sd=sd if w.arrivals else {},
+                            phases_peak=dict(w.peaks) if w.arrivals else {}, world_size=last.world_size,
                             namespace=last.namespace, samples=w.count, step_time_min=min(w.times) if w.times else None,
                             step_time_max=max(w.times) if w.times else None,
                             arrivals=thin(sorted(w.arrivals)) if w.arrivals else ())

@@ -80,7 +80,13 @@ class ProgressSample:
     """For a summary of step lines: (step, time, step time) of the window's steps, thinned to at most
     ``MAX_ARRIVALS`` on steps that are multiples of a power of two, so other nodes' summaries share them. The
     service reads them as the lines they stand for (the arrival lag that names a slow rank compares ranks
-    at equal steps)."""
+    at equal steps). A summary of the hook's samples lists them too (each report's time and step time)."""
+    phases_sd: Mapping[str, float] = field(default_factory=dict)
+    """For a summary of the hook's samples: each phase's standard deviation over the window's steps (how steady
+    the rank's own work was; CPU contention makes every rank's unsteady, a slow rank's stays steady and higher)."""
+    phases_peak: Mapping[str, float] = field(default_factory=dict)
+    """For a summary of the hook's samples: each phase's largest seconds in the window (its slowest step, which the
+    service sets aside: one hiccup is not how the rank's steps go)."""
 
 
 MAX_ARRIVALS = 64

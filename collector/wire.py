@@ -66,6 +66,10 @@ class ProgressPayload(_Strict):
     arrivals: list[tuple[Annotated[int, Field(ge=0)], float, Annotated[float, Field(ge=0)] | None]] = Field(
         default_factory=list, max_length=MAX_ARRIVALS)
     """A step-line summary's (step, time, step time) of its window's steps (older agents send none)."""
+    phases_sd: dict[Text, Annotated[float, Field(ge=0)]] = Field(default_factory=dict, max_length=64)
+    """A hook summary's per-phase standard deviation over its window's steps (older agents send none)."""
+    phases_peak: dict[Text, float] = Field(default_factory=dict, max_length=64)
+    """A hook summary's per-phase largest seconds in its window (older agents send none)."""
 
 
 PayloadIn = Annotated[LogPayload | MetricPayload | ProgressPayload, Field(discriminator="kind")]
@@ -108,7 +112,8 @@ def to_record(s: SignalIn) -> Signal:
     else:
         payload = ProgressSample(p.job, p.rank, p.step, p.step_time, dict(p.phases), p.event, p.world_size,
                                  namespace=p.namespace, samples=p.samples, step_time_min=p.step_time_min,
-                                 step_time_max=p.step_time_max, arrivals=tuple(p.arrivals))
+                                 step_time_max=p.step_time_max, arrivals=tuple(p.arrivals),
+                                 phases_sd=dict(p.phases_sd), phases_peak=dict(p.phases_peak))
     return Signal(id=s.id, node=s.node, source=s.source, ts=s.ts, payload=payload)
 
 
@@ -140,4 +145,8 @@ def to_wire(sig: Signal) -> dict[str, Any]:
             body |= {"samples": p.samples, "step_time_min": p.step_time_min, "step_time_max": p.step_time_max}
         if p.arrivals:
             body["arrivals"] = [list(a) for a in p.arrivals]
+        if p.phases_sd:
+            body["phases_sd"] = dict(p.phases_sd)
+        if p.phases_peak:
+            body["phases_peak"] = dict(p.phases_peak)
     return {"id": sig.id, "node": sig.node, "source": sig.source.value, "ts": sig.ts, "payload": body}

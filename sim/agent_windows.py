@@ -1,9 +1,9 @@
 """Traces as the node agents ship them, and the detectors driven over them on the traces' own clock.
 
 Each agent keeps one progress window per rank (``collector.progress_summary.ProgressWindows``) and hands its
-summaries on every `window_s` (and, for step lines, every ``step_cut`` steps); anything else passes at once.
-With `lines`, the samples are the agent's reading of trainers' step lines: a line tells its step and time, not
-the hook's phases, and its summary lists every step with its time.
+summaries on every `window_s` and every ``step_cut`` steps; anything else passes at once. A summary lists every step
+with its time. With `lines`, the samples are the agent's reading of trainers' step lines: a line tells its step and
+time, not the hook's phases.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def through_agent_windows(batches: list[Batch], window_s: float, *, lines: bool 
         if lines:
             sigs = [replace(s, payload=replace(s.payload, phases={})) if isinstance(s.payload, ProgressSample) else s
                     for s in sigs]
-        passed = [x for sig in sigs for x in windows.add(sig, arrival=lines)]
+        passed = [x for sig in sigs for x in windows.add(sig)]
         if passed:
             out.append((t, passed))
     out.append((due or 0.0, windows.flush(due or 0.0)))

@@ -38,6 +38,20 @@ class Straggle:
     """First slow step."""
 
 
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A loaded machine: every rank's compute slowed at once, each by its own factor, for a few steps."""
+
+    from_step: int
+    """First loaded step."""
+    steps: int
+    """Loaded steps."""
+    low: float
+    """Smallest slowdown a rank gets in a loaded step."""
+    high: float
+    """Largest slowdown a rank gets in a loaded step."""
+
+
 @dataclass
 class TraceJob:
     """A simulated job's timeline, step by step, as signals."""
@@ -108,25 +122,29 @@ class TraceJob:
                                     {"gpu": str(r % self.ranks_per_node)}))
                 for r in range(self.world)]
 
-    def run(self, steps: int, *, straggle: Straggle | None = None, report_before_sync: bool = False) -> list[Batch]:
-        """`steps` healthy (or straggling) steps; one batch per step."""
+    def run(self, steps: int, *, straggle: Straggle | None = None, report_before_sync: bool = False,
+            load: tuple[Load, ...] = ()) -> list[Batch]:
+        """`steps` healthy (or straggling) steps, through the `load`s; one batch per step."""
         out: list[Batch] = []
         for _ in range(steps):
-            out.append(self._one_step(straggle, report_before_sync))
+            out.append(self._one_step(straggle, report_before_sync, load))
         return out
 
-    def _compute(self, rank: int, straggle: Straggle | None) -> float:
+    def _compute(self, rank: int, straggle: Straggle | None, load: tuple[Load, ...] = ()) -> float:
         c = self.step_s * self._speed[rank] * max(1.0 + self._rng.gauss(0.0, self.jitter), 0.5)
         if self._rng.random() < self.hiccup_p:
             c = c + self._rng.uniform(*self.hiccup_s) if self.hiccup_s else c * self._rng.uniform(1.5, 3.0)
         if straggle is not None and rank == straggle.rank and self.step + 1 >= straggle.from_step:
             c *= straggle.factor
+        for ld in load:
+            if ld.from_step <= self.step < ld.from_step + ld.steps:
+                c *= self._rng.uniform(ld.low, ld.high)
         return c
 
-    def _one_step(self, straggle: Straggle | None, report_before_sync: bool) -> Batch:
+    def _one_step(self, straggle: Straggle | None, report_before_sync: bool, load: tuple[Load, ...] = ()) -> Batch:
         self.step += 1
         start = self.ts
-        compute = [self._compute(r, straggle) for r in range(self.world)]
+        compute = [self._compute(r, straggle, load) for r in range(self.world)]
         end = start + max(compute) + self.comm_s
         sigs = []
         for r in range(self.world):

@@ -111,11 +111,12 @@ class Pod:
 
 
 class Job:
-    """A torchrun job of `world` single-worker pods, on one node or on the nodes of `pod_roots` (one per pod)."""
+    """A torchrun job of `world` single-worker pods, on one node or on the nodes of `pod_roots` (one per pod);
+    `args` follow the steps on the script's command line."""
 
     def __init__(self, root: Path, name: str, script: str, steps: int, world: int,
                  fault: dict[str, str] | None = None, env: dict[str, str] | None = None,
-                 pod_roots: list[Path] | None = None) -> None:
+                 pod_roots: list[Path] | None = None, args: tuple[str, ...] = ()) -> None:
         self.root, self.name, self.world = root, name, world
         self.pods: list[Pod] = []
         port = free_port()
@@ -128,7 +129,7 @@ class Job:
                 penv["PYTHONPATH"] = os.pathsep.join([str(INJECT), penv.get("PYTHONPATH", "")])
             argv = [str(Path(sys.executable).parent / "torchrun"), f"--nnodes={world}", f"--node-rank={r}",
                     "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-                    str(JOBS / script), str(steps)]
+                    str(JOBS / script), str(steps), *args]
             log = CriFile((pod_roots[r] if pod_roots else root) / f"{NAMESPACE}_{pod}_{uuid.uuid4()}" / "trainer"
                           / "0.log")
             proc = subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -243,10 +244,11 @@ def _wait_agent_started(agent: Proc, node: str, timeout: float = 120.0) -> None:
 
 @contextmanager
 def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str, ...] = (NODE,),
-                  agents: bool = True) -> Iterator[Kmend]:
+                  agents: bool = True, agent_args: tuple[str, ...] = ()) -> Iterator[Kmend]:
     """`kmend serve` (simulated cluster, SQLite) and a `kmend agent` per node (NODE alone by default), as separate
     processes; each agent has its own pod log directory and state, as on its own machine. With `agents` False,
-    the agents start when the test calls ``start_agents`` (an agent that comes up after a job began or ended)."""
+    the agents start when the test calls ``start_agents`` (an agent that comes up after a job began or ended);
+    `agent_args` are added to every agent's command line."""
     node_pods = {node: tmp / ("pods" if i == 0 else f"pods-{node}") for i, node in enumerate(nodes)}
     for d in node_pods.values():
         d.mkdir()
@@ -273,7 +275,7 @@ def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str
                                             # at the default window: these jobs step every 10-150 ms, and a
                                             # window closes every 16 steps too, so a slow rank is still named
                                             # within 30 steps.
-                                            "--flush-interval", "0.2", "--status-port", "0"],
+                                            "--flush-interval", "0.2", "--status-port", "0", *agent_args],
                                            tmp / f"agent{suffix}.log", {}))
                 for node, agent in zip(node_pods, agents_list, strict=True):
                     _wait_agent_started(agent, node)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.detectors.stacks import StackSample, exoneration, main_frames, place
+from analyzer.detectors.stacks import StackSample, exoneration, main_frames, moved, place
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
@@ -267,3 +267,74 @@ def test_a_minority_that_answered_names_no_one() -> None:
     suite.add_stack("llm", StackSample(rank=0, node="n0", pid=100, text=ALL_REDUCE), last + 8.0)
     [f] = _stack_findings(suite, last + 1.0, last + 60.0)
     assert f.where.rank is None and "culprit_rank" not in f.fields and f.fields["no_stack"] == "1,2,3"
+
+
+SPIN_JOB = textwrap.dedent('''
+    import os, sys, time, torch, torch.distributed as dist
+
+    def wait_for(path):  # a poll loop that never ends: the peer it waits for never writes the file
+        turns = 0
+        while not os.path.exists(path):
+            turns += sum(range(20000)) % 7
+            time.sleep(0.0005)
+        return turns
+
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=rank, world_size=2)
+    print("ready", flush=True)
+    if rank == 0:
+        dist.all_reduce(torch.ones(4))
+    else:
+        wait_for("/nonexistent/kmend-test-go")
+''')
+
+
+def test_a_rank_spinning_in_a_poll_loop_has_not_moved_and_the_hang_is_confirmed_at_the_threshold(
+        spawned: list[subprocess.Popen[str]]) -> None:
+    # Real py-spy looks at a real rank polling for a file while its peer waits in gloo's all_reduce: each look
+    # catches the loop at another line (or inside its body's call), which is no progress.
+    pytest.importorskip("torch")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    r0 = subprocess.Popen([sys.executable, "-c", SPIN_JOB, "0", port], stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    spawned.append(r0)
+    spawned.append(_start(SPIN_JOB, "1", port))
+    assert r0.stdout is not None and r0.stdout.readline().strip() == "ready"
+    waiting = _dump_when(r0.pid, "collective")
+    first = _dump_when(spawned[1].pid, "code")
+    second = first
+    deadline = time.monotonic() + 60.0
+    while main_frames(second) == main_frames(first):  # until a look catches the loop elsewhere in its body
+        assert time.monotonic() < deadline, first
+        second = _dump_when(spawned[1].pid, "code")
+    assert "wait_for" in main_frames(first)[0] + main_frames(second)[0] + "".join(main_frames(second)[:2])
+    assert not moved(main_frames(first), main_frames(second)), (first, second)
+    suite = DetectorSuite()
+    last = job_until(suite)
+    thr = 13.0  # the 1 s-step job's threshold
+    stacks(suite, last + 0.5 * thr, {1: first, 0: waiting, 2: waiting, 3: waiting})
+    stacks(suite, last + 0.8 * thr, {1: second, 0: waiting, 2: waiting, 3: waiting})  # the second look
+    found: list[Finding] = []
+    t = last + 1.0
+    while t <= last + 5 * thr and not any(f.rule_id == "hang-detector" for f in found):
+        found += suite.evaluate(t)
+        t += 1.0
+    [hang] = [f for f in found if f.rule_id == "hang-detector"]
+    assert hang.ts - last <= 2 * thr, hang  # held up to 4 thresholds when taken for "moved"
+    assert "held_by_stacks" not in hang.fields
+    found += suite.evaluate(t + 5.0)
+    assert [f.where.rank for f in found if f.rule_id == "stack-dump"] == [1], [f.message for f in found]
+
+
+def test_a_training_step_between_two_looks_has_moved() -> None:
+    deep = main_frames(ALL_REDUCE)
+    assert moved(main_frames(FORWARD), deep) and moved(deep, main_frames(LOADER))
+    loop = ["wait_for (train.py:7)", "train (train.py:40)", "<module> (train.py:80)"]
+    body = ["is_set (threading.py:570)", "wait_for (train.py:6)", "train (train.py:40)", "<module> (train.py:80)"]
+    assert not moved(loop, body) and not moved(body, loop)
+    assert moved(loop, ["wait_for (train.py:7)", "train (train.py:52)", "<module> (train.py:80)"])  # left, re-entered
+    assert moved(["get (queue.py:180)", "_next_data (torch/utils/data/dataloader.py:1332)", "train (train.py:40)"],
+                 ["sleep_forever (train.py:59)", "train (train.py:44)"])  # out of its data loader

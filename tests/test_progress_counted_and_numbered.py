@@ -46,3 +46,32 @@ def test_a_slow_rank_printing_a_bar_and_loss_dicts_is_named_within_30_steps() ->
     found = [f for f in _run(DetectorSuite(RULES), 80, slow_rank=2) if f.fault_class is FaultClass.STRAGGLER]
     assert [f.where.rank for f in found] == [2]
     assert int(found[0].fields["step"]) - 10 <= 30
+
+
+def _hangs(found: list[Finding]) -> list[str]:
+    return [f.message for f in found if f.fault_class is FaultClass.HANG]
+
+
+def test_loss_dicts_after_a_bar_record_keep_the_job_alive() -> None:
+    # A Trainer's bar redraws with carriage returns: the container runtime writes it to the pod's log only when
+    # 16 KiB of redraws fill a record (hundreds of steps), while its loss dict ends a line every `logging_steps`.
+    # After a record of the bar, the dicts (no step number) must still count as progress.
+    suite = DetectorSuite(RULES)
+    t = 1_700_000_000.0
+    found: list[Finding] = []
+    for step in range(1, 1201):
+        t += 0.1
+        batch = [_line(0, f"d{step}", t, LOSS)] if step % 10 == 0 else []
+        if step == 600:  # the bar's record: every redraw so far, one line each
+            batch += [_line(0, f"b{s}", t, f"  0%|          | {s}/100000 [00:{s // 10:02d}<4:37:46,  9.99it/s]")
+                      for s in range(1, 601)]
+        suite.observe(batch)
+        if step % 10 == 0:
+            found += suite.evaluate(t)
+    assert _hangs(found) == []
+    # And when the dicts stop, the silence is a hang from the last of them, within the target.
+    while t < 1_700_000_000.0 + 120 + 30 and not _hangs(found):
+        t += 0.5
+        found += suite.evaluate(t)
+    [hang] = [f for f in found if f.fault_class is FaultClass.HANG]
+    assert hang.ts - (1_700_000_000.0 + 120.0) <= 15.0

@@ -125,7 +125,8 @@ def test_a_rank_left_behind_is_named_through_summaries() -> None:
     stall = max(s.ts for _, sigs in batches for s in sigs if s.source is Source.PROGRESS)
     shipped = _through_summaries(batches)
     progress = sum(1 for _, sigs in shipped for s in sigs if s.source is Source.PROGRESS)
-    assert progress <= 16 * (41 // 5 + 2) < 16 * 41  # one summary per rank per window, not one per step
+    # One summary per rank per window and per 16 steps, not one per step.
+    assert progress <= 16 * (41 // 5 + 41 // 16 + 2) < 16 * 41
     [f] = drive(DetectorSuite(), shipped, until=stall + 300)
     assert f.fault_class is FaultClass.HANG and f.fields["mode"] == "ranks_behind"
     assert (f.where.rank, f.where.job) == (11, "j")

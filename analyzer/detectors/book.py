@@ -59,6 +59,10 @@ class RankState:
     """Step of the newest sample in `times`."""
     sample_phased: bool = False
     """Whether that sample came with phases."""
+    ranges: deque[tuple[int, int, float, float, float]] = field(default_factory=lambda: deque(maxlen=16))
+    """(last step, steps, mean, standard deviation, standard deviation of all its steps) of the own work over each
+    summary of hook reports, its slowest step set aside (one hiccup is no measure of the rank), newest last: every
+    rank's summaries close at the same steps, so ranks are compared over the same steps."""
     arrivals: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
     """(step, when it was reported), newest last: lock-stepped ranks report a step together, so a
     rank that keeps reporting late is the one the others wait for."""
@@ -66,6 +70,14 @@ class RankState:
     """When the rank's container was seen gone (None while it runs)."""
     numbered: bool = False
     """The rank prints numbered steps (a progress bar, a step line): its counted lines are no steps of their own."""
+    alive_ts: float = 0.0
+    """When the rank last printed a counted line after its numbered steps: no step number, but progress (a Trainer's
+    bar reaches a pod's log only when 16 KiB of redraws fill a record, its loss dict every `logging_steps`)."""
+
+    @property
+    def heard_ts(self) -> float:
+        """When the rank last showed progress: a step, or a counted line of a numbered rank."""
+        return max(self.last_ts, self.alive_ts)
 
     @property
     def basis(self) -> str:
@@ -162,6 +174,10 @@ class JobBook:
             # A Hugging Face Trainer prints its bar's step every step and a loss dict (which numbers none) every
             # `logging_steps`: the dicts' count would read as the steps going back, a restart each time.
             if ev.counted and rank.numbered:
+                if ev.ts > rank.heard_ts:  # progress all the same: silence counts from here
+                    if rank.heard_ts > 0:
+                        job.intervals.append(ev.ts - rank.heard_ts)
+                    rank.alive_ts = ev.ts
                 return
             if not ev.counted and not rank.numbered:
                 rank.numbered = True
@@ -198,7 +214,7 @@ class JobBook:
         if rank.last_step >= 0 and ev.ts >= rank.last_ts:
             gap = ev.ts - rank.last_ts
             steps = ev.step - rank.last_step
-            job.intervals.append(gap)
+            job.intervals.append(ev.ts - rank.heard_ts if ev.ts >= rank.heard_ts else gap)
             derived = gap / steps
         else:
             derived = None
@@ -259,6 +275,8 @@ class JobBook:
             rank.has_phases = True
         rank.times.append(own)
         rank.sample_step, rank.sample_phased = ev.step if ev.step is not None else -1, phased
+        if phased and ev.phases_sd and ev.step is not None and (got := _own_range(ev)) is not None:
+            rank.ranges.append((ev.step, *got))
 
     def _refine(self, rank: RankState, ev: ProgressEvent) -> None:
         # The hook's report of a step whose log line (or a later step's) came first: its phases
@@ -350,7 +368,7 @@ class JobBook:
     def expire(self, now: float, idle_s: float) -> list[str]:
         """Drop jobs with no progress for `idle_s` (finished, deleted or long dead); returns their names."""
         gone = [name for name, job in self.jobs.items()
-                if job.ranks and now - max(max(r.last_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
+                if job.ranks and now - max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
         for name in gone:
             del self.jobs[name]
             self._unindex(name)
@@ -390,6 +408,28 @@ def _restarted(job: JobState, ev: ProgressEvent) -> bool:
     # A rank's own reports arrive in order: a lower step reported later than its last one is a
     # resumption from a checkpoint (a late report of an older step carries an older time).
     return step < rank.last_step and ev.ts > rank.last_ts
+
+
+def _own_range(ev: ProgressEvent) -> tuple[int, float, float, float] | None:
+    """A summary's own work over its steps: (steps, mean, standard deviation) with each phase's slowest step set
+    aside when its largest value came with it, and the standard deviation over all its steps (None: its phases'
+    spreads do not tell it)."""
+    own = ["compute"] if "compute" in ev.phases else [k for k in COMPUTE_PHASES if k in ev.phases]
+    if not own or any(k not in ev.phases_sd for k in own):
+        return None
+    n, mean, var, full = ev.samples, 0.0, 0.0, 0.0
+    trim = n > 2 and all(k in ev.phases_peak for k in own)
+    for k in own:
+        m, sd = ev.phases[k], ev.phases_sd[k]
+        full += sd * sd
+        if trim:
+            peak = ev.phases_peak[k]
+            total, squares = m * n - peak, (sd * sd + m * m) * n - peak * peak
+            m = total / (n - 1)
+            sd = max(squares / (n - 1) - m * m, 0.0) ** 0.5
+        mean += m
+        var += sd * sd
+    return (n - 1 if trim else n), mean, var ** 0.5, full ** 0.5
 
 
 def _own_time(ev: ProgressEvent, derived: float | None) -> tuple[float | None, str]:

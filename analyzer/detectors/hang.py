@@ -120,7 +120,7 @@ class HangDetector:
             thr = self.threshold(job)
             if thr is None or job.finished or not job.ranks or self._paused(job, now):
                 continue
-            newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+            newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
             if now - newest >= self.config.suspect_fraction * thr:
                 out.append((name, newest))
         return out
@@ -133,7 +133,7 @@ class HangDetector:
         thr = self.threshold(job) if job is not None else None
         if job is None or thr is None or not job.ranks:
             return 0
-        newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+        newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
         held = self._held.get(name)
         if held is not None and held[:2] == (job.run, newest):
             return 2 + int(max(now - newest - thr, 0.0) // (0.5 * thr))
@@ -145,7 +145,7 @@ class HangDetector:
         job = self.book.jobs.get(name)
         if job is None or job.finished or not job.ranks:
             return False
-        newest = max(max(r.last_ts for r in job.ranks.values()), job.resume_ts)
+        newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
         if newest > since:
             return False
         return True if self._reported.get(name) == (job.run, newest) else None
@@ -170,7 +170,7 @@ class HangDetector:
         thr = self.threshold(job)
         if thr is None:
             return None
-        last = {r: max(s.last_ts, job.resume_ts) for r, s in job.ranks.items()}
+        last = {r: max(s.heard_ts, job.resume_ts) for r, s in job.ranks.items()}
         newest = max(last.values())
         if now - newest < thr:
             self._reported.pop(name, None)  # progressing: a later stall is a new episode

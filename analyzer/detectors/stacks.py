@@ -29,6 +29,10 @@ DETECTOR_ID = "stack-dump"
 MAX_STACK_CHARS = 16384
 """Longer dumps are cut (a process with hundreds of threads); the main thread comes first."""
 
+LOOP_CALLS = 3
+"""Frames a wait or poll loop's body may call below the loop's own function (``work.is_completed()``, a store's
+key check, a sleep helper) and still be that loop: a training step's frames run far deeper (modules, autograd)."""
+
 MAX_WAIT_S = 3600.0
 """Stacks of a job that is neither called hung nor progressing this long after are dropped."""
 
@@ -75,6 +79,33 @@ def main_frames(text: str) -> list[str]:
     return main[0] if main else threads[0][1]
 
 
+def _frame_key(frame: str) -> tuple[str, str, str]:
+    m = FRAME.match("    " + frame)
+    return (m.group("func"), m.group("file"), m.group("line") or "") if m else (frame, "", "")
+
+
+def moved(before: list[str], after: list[str]) -> bool:
+    """Whether a main thread ran on between two looks (frames innermost first, as `main_frames` gives them).
+
+    A thread spinning in a wait or poll loop (``while not work.is_completed(): time.sleep(...)``, a busy check of
+    a store key) is caught at other lines of the loop's function, or inside a shallow call of its body, at each
+    look: that is no progress. It moved when a frame outside that loop's function changed (its caller's call
+    site, the loop left), when the frames below that function differ deeply (a training step's modules and
+    autograd), or when it is in another `place` (from its data loader into its own code)."""
+    if before == after:
+        return False
+    if place(before) != place(after):
+        return True
+    a = [_frame_key(f) for f in reversed(before)]  # outermost first
+    b = [_frame_key(f) for f in reversed(after)]
+    same = 0
+    while same < min(len(a), len(b)) and a[same][:2] == b[same][:2]:
+        same += 1
+    if same == 0 or a[:same - 1] != b[:same - 1]:
+        return True  # another function at the bottom, or a caller at another call site: the loop was left
+    return max(len(a), len(b)) - same > LOOP_CALLS
+
+
 def exoneration(stacks: Mapping[int, StackSample], ranks: int,
                 previous: Mapping[int, StackSample] | None = None) -> str | None:
     """Why stacks taken in a silence show a slow job rather than a hung one, or None (they confirm a hang).
@@ -86,15 +117,15 @@ def exoneration(stacks: Mapping[int, StackSample], ranks: int,
     `BUSY_PLACES` place (in synchronous training the peers of a rank whose data loader is slow wait in the
     next all-reduce within one step: that is what a slow step looks like, too). Stacks that would confirm
     exonerate all the same when an earlier look in the same silence (`previous`) saw a rank elsewhere: a hung
-    job's stacks stay as they are, a running one's move.
+    job's stacks stay as they are, a running one's move (a rank spinning in a wait loop has not moved: `moved`).
     """
     if ranks <= 0 or len(stacks) < ranks or any(s.stopped for s in stacks.values()):
         return None
     if previous and len(previous) >= ranks:
-        moved = sorted(r for r, s in stacks.items()
-                       if r in previous and main_frames(previous[r].text) != main_frames(s.text))
-        if moved:
-            return f"rank(s) {','.join(map(str, moved[:8]))} moved between two looks"
+        ran = sorted(r for r, s in stacks.items()
+                     if r in previous and moved(main_frames(previous[r].text), main_frames(s.text)))
+        if ran:
+            return f"rank(s) {','.join(map(str, ran[:8]))} moved between two looks"
     where = {r: place(main_frames(s.text)) for r, s in stacks.items()}
     outside = {r: p for r, p in where.items() if p != "collective"}
     if not outside:

@@ -56,6 +56,9 @@ class StragglerConfig:
     noise_z: float = 4.0
     """The rank's excess over the reference must be this many standard errors of a median over the window,
     from the ranks' own step-to-step spread: contention that slows every rank unevenly is spread, not a straggler."""
+    range_noise_z: float = 5.0
+    """For a summary of hook reports (`_score_ranges`): its mean's excess must be this many standard errors (one
+    judgement stands for up to 16 steps, with no per-step test behind it)."""
     above_fraction: float = 0.8
     """... and the rank must be slower than that step's median rank in at least this fraction of the window's
     steps (a slow rank is slow nearly every step; ranks slowed at random are not)."""
@@ -101,6 +104,8 @@ class StragglerDetector:
         self.failures: list[tuple[str, str]] = []
         """(job, error) for jobs whose data could not be scored; the suite drains and reports them."""
         self._lags: dict[tuple[str, int], _Episode] = {}
+        self._range_at: dict[str, int] = {}
+        """Job -> the last step of the newest summary range its ranks were compared over."""
 
     def forget(self, job: str) -> None:
         """Drop the episodes of a job that left the book."""
@@ -108,6 +113,7 @@ class StragglerDetector:
         self._ranks = {k: e for k, e in self._ranks.items() if k[0] != job}
         self._nodes = {k: e for k, e in self._nodes.items() if k[0] != job}
         self._lags = {k: e for k, e in self._lags.items() if k[0] != job}
+        self._range_at.pop(job, None)
 
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose step advanced since the last evaluation (the arrival lag also when a late rank
@@ -122,13 +128,14 @@ class StragglerDetector:
                 self._ranks = {k: e for k, e in self._ranks.items() if k[0] != name}
                 self._nodes = {k: e for k, e in self._nodes.items() if k[0] != name}
                 self._lags = {k: e for k, e in self._lags.items() if k[0] != name}
+                self._range_at.pop(name, None)
             stepped = job.max_step > seen
             if not stepped and not (in_steps and job.version != seen_version):
                 continue
             self._last_step[name] = (job.run, job.max_step, job.version)
             try:
                 evidence = self._node_evidence(name)
-                found = self._score_ranks(name, job, now, evidence) if stepped else []
+                found = self._score_ranks(name, job, now, evidence, stepped=stepped)
                 found += self._score_lags(name, job, now, evidence)
                 if stepped and job.max_step % self.config.node_every_steps == 0:
                     found += self._score_nodes(name, job, now, evidence)
@@ -140,8 +147,12 @@ class StragglerDetector:
 
     # -- ranks -----------------------------------------------------------------
 
-    def _score_ranks(self, name: str, job: JobState, now: float, hw: dict[str, str]) -> list[Finding]:
+    def _score_ranks(self, name: str, job: JobState, now: float, hw: dict[str, str], *,
+                     stepped: bool = True) -> list[Finding]:
         cfg = self.config
+        ranged = self._score_ranges(name, job, now, hw) if cfg.persistence_in_steps else None
+        if ranged is not None or not stepped:
+            return ranged or []
         ranks = [r for r, s in job.ranks.items() if r >= 0 and len(s.times) >= cfg.min_samples]
         if len(ranks) < cfg.min_ranks:
             return []
@@ -178,6 +189,67 @@ class StragglerDetector:
                 rule_id=DETECTOR_ID, recommended_action=action,
                 evidence=(st.signal_id,) if st.signal_id else (), message=msg, fields=fields,
             ))
+        return out
+
+    def _score_ranges(self, name: str, job: JobState, now: float, hw: dict[str, str]) -> list[Finding] | None:
+        """Ranks whose own work was slower than their peers' over the same steps: the agents' summaries of hook
+        reports, which close at the same steps on every rank (None: the job's ranks sent no such summaries).
+
+        The steps up to each step that every rank's summaries end at are judged once, when the last of them
+        arrives: the rank's mean (each summary's slowest step set aside) against the ranks' median, in robust
+        z-scores across ranks, and against the noise of a mean over those steps (the larger of its own spread
+        without that step and the ranks' median spread over all steps). CPU contention or a pause makes every hit
+        rank's work unsteady over those steps, so its mean is noise; a slow rank is slower step after step. Flagged
+        steps count towards `persistence`; fewer than `min_samples` (summaries cut short by time) wait to be judged
+        with the next.
+        """
+        cfg = self.config
+        ranks = [r for r, st in job.ranks.items() if r >= 0 and st.has_phases and st.ranges]
+        if len(ranks) < cfg.min_ranks:
+            return None
+        seen = [list(job.ranks[r].ranges) for r in ranks]
+        common = sorted(set.intersection(*({x[0] for x in d} for d in seen)))
+        if not common:
+            return None
+        prev = self._range_at.get(name, -1)
+        out: list[Finding] = []
+        for end in (e for e in common if e > prev):
+            # Every rank's summaries since the last judged step up to this one cover the same steps (summaries cut
+            # by time end at other steps on other nodes): pooled, one row per rank.
+            n, mean, sd, full = (np.array(col, dtype=np.float64) for col in zip(
+                *(_pooled([x[1:] for x in d if prev < x[0] <= end]) for d in seen), strict=True))
+            if n.min() < cfg.min_samples:
+                continue  # cut short by time: judged together with the next
+            span = end - prev if prev >= 0 else int(n.min())
+            prev = end
+            scorer = RobustScorer().fit(mean)
+            z, slow = scorer.score(mean), scorer.ratio(mean)
+            se = np.maximum(np.maximum(sd, float(np.median(full))) / np.sqrt(n), 1e-12)
+            flagged = ((z >= cfg.z_min) & (slow >= cfg.min_slowdown)
+                       & ((mean - scorer.center_) / se >= cfg.range_noise_z))
+            for i, r in enumerate(ranks):
+                ep = self._ranks.setdefault((name, r), _Episode())
+                if not self._step(ep, bool(flagged[i]), end, span=span, recovered=bool(slow[i] < cfg.min_slowdown)):
+                    continue
+                st = job.ranks[r]
+                reason = hw.get(st.node)
+                hardware = reason is not None
+                action = Action.REPLACE_NODE if hardware and slow[i] >= cfg.replace_slowdown else Action.NOTIFY
+                fields = {"slowdown": f"{slow[i]:.3f}", "z": f"{z[i]:.1f}", "window_steps": str(int(n[i])),
+                          "basis": st.basis, "rank_mean_s": f"{mean[i]:.4f}",
+                          "reference_median_s": f"{scorer.center_:.4f}", "step": str(end)}
+                if reason:
+                    fields["node_evidence"] = reason
+                msg = (f"rank {r} on {st.node} is {slow[i]:.2f}x slower than the median rank ({st.basis} "
+                       f"{mean[i]:.3f} s vs {scorer.center_:.3f} s a step, {int(n[i])} steps to step {end})")
+                out.append(Finding(
+                    id=f"{DETECTOR_ID}:{name}:{r}:{ep.open_step}", ts=now, fault_class=FaultClass.STRAGGLER,
+                    severity=Severity.WARNING, hardware=hardware, where=job_location(name, node=st.node, rank=r),
+                    rule_id=DETECTOR_ID, recommended_action=action,
+                    evidence=(st.signal_id,) if st.signal_id else (),
+                    message=msg + (f"; node: {reason}" if reason else ""), fields=fields,
+                ))
+        self._range_at[name] = prev
         return out
 
     def _unusual(self, rows: np.ndarray, med: np.ndarray, center: float) -> np.ndarray:
@@ -237,15 +309,20 @@ class StragglerDetector:
             ))
         return out
 
-    def _step(self, ep: _Episode, flagged: bool, step: int, *, common: int | None = None) -> bool:
+    def _step(self, ep: _Episode, flagged: bool, step: int, *, common: int | None = None,
+              span: int | None = None, recovered: bool = True) -> bool:
         """Advance an episode; True exactly when it should be reported (at the job's `step`).
 
         With `common` (the newest step every rank reported: the arrival lag's data), the streak counts the common
         steps since the episode's last evaluation, not evaluations: an agent's summary brings up to 16 steps at
         once (``collector.progress_summary.STEP_CUT``), and a rank flagged with all of them in its window has been
-        late for those steps, not for one; an evaluation that brought no new common step moves nothing.
+        late for those steps, not for one; an evaluation that brought no new common step moves nothing. With `span`,
+        the streak counts that many steps (a summary range judged across ranks). An open episode is calm only in
+        evaluations where the rank `recovered` (a short summary that is merely inconclusive does not end it).
         """
-        if common is None:
+        if span is not None:
+            n = span
+        elif common is None:
             n = 1
         else:
             n = common - ep.at if ep.at >= 0 else 1
@@ -260,7 +337,7 @@ class StragglerDetector:
                 return True
             return False
         ep.streak = 0
-        if ep.open_step is not None:
+        if ep.open_step is not None and recovered:
             ep.calm += n
             if ep.calm >= self.config.persistence:
                 ep.open_step = None  # recovered: a later slowdown is a new episode
@@ -344,3 +421,17 @@ class StragglerDetector:
                         "nodes": str(len(nodes))},
             ))
         return out
+
+
+
+def _pooled(parts: list[tuple[int, float, float, float]]) -> tuple[int, float, float, float]:
+    """Consecutive summaries of one rank, each (steps, mean, sd, sd of all steps), as one."""
+    steps = sum(p[0] for p in parts)
+    if steps == 0:
+        return 0, 0.0, 0.0, 0.0
+    mean = sum(p[0] * p[1] for p in parts) / steps
+
+    def sd(k: int) -> float:
+        return float(max(sum(p[0] * (p[k] ** 2 + p[1] ** 2) for p in parts) / steps - mean * mean, 0.0) ** 0.5)
+
+    return steps, mean, sd(2), sd(3)

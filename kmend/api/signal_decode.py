@@ -55,6 +55,8 @@ class _Progress(Struct, tag_field="kind", tag="progress", forbid_unknown_fields=
     step_time_max: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
     arrivals: Annotated[list[tuple[Annotated[int, Meta(ge=0)], Finite, Annotated[float, Meta(ge=0, le=_MAX)] | None]],
                         Meta(max_length=MAX_ARRIVALS)] = []
+    phases_sd: Annotated[dict[str, Annotated[float, Meta(ge=0, le=_MAX)]], Meta(max_length=64)] = {}
+    phases_peak: Annotated[dict[str, Finite], Meta(max_length=64)] = {}
 
 
 class _Signal(Struct, forbid_unknown_fields=True):
@@ -129,6 +131,7 @@ def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
             assert isinstance(p, _Progress)
             payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event, p.world_size,
                                      namespace=p.namespace, samples=p.samples, step_time_min=p.step_time_min,
-                                     step_time_max=p.step_time_max, arrivals=tuple(p.arrivals))
+                                     step_time_max=p.step_time_max, arrivals=tuple(p.arrivals),
+                                     phases_sd=p.phases_sd, phases_peak=p.phases_peak)
         append(Signal(s.id, s.node, s.source, s.ts, payload))
     return out, None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)
