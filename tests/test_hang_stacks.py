@@ -20,6 +20,7 @@ from analyzer.detectors.suite import DetectorSuite
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
 from analyzer.records import FaultClass, Finding
+from tests.conftest import free_port
 
 STACKS = Path(__file__).parent / "fixtures" / "stacks"
 WORLD = 4
@@ -218,10 +219,7 @@ def _dump_when(pid: int, want: str, deadline_s: float = 60.0) -> str:
 def test_real_py_spy_stacks_tell_a_data_loader_wait_from_a_gloo_all_reduce_wait(
         spawned: list[subprocess.Popen[str]]) -> None:
     pytest.importorskip("torch")
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     spawned.append(_start(LOADER_JOB))
     r0 = subprocess.Popen([sys.executable, "-c", GLOO_JOB, "0", port], stdout=subprocess.PIPE, text=True,
                           start_new_session=True)
@@ -294,10 +292,7 @@ def test_a_rank_spinning_in_a_poll_loop_has_not_moved_and_the_hang_is_confirmed_
     # Real py-spy looks at a real rank polling for a file while its peer waits in gloo's all_reduce: each look
     # catches the loop at another line (or inside its body's call), which is no progress.
     pytest.importorskip("torch")
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     r0 = subprocess.Popen([sys.executable, "-c", SPIN_JOB, "0", port], stdout=subprocess.PIPE, text=True,
                           start_new_session=True)
     spawned.append(r0)
