@@ -17,6 +17,7 @@ signal) or ``t`` (stopped by a tracer) means the process is not running at all.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -33,6 +34,9 @@ _TORCHRUN_DEFAULT_RUN_ID = "none"
 """torchrun's ``--rdzv-id`` when none is given: it names no job."""
 _PF_KTHREAD = 0x00200000
 """``/proc/<pid>/stat`` flag of a kernel thread (``PF_KTHREAD``): no program can set it."""
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+SETTLE_S = 2.0
+"""A process younger than this that is no rank is looked at again (it may not have reached its ``exec`` yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,15 @@ class ProcessFinder:
                 return None
         return pod_identity(pod, labels, job=self.job)[0]
 
+    def _settled_before(self) -> float:
+        """Start time (clock ticks after boot) before which a process has long passed its ``exec``; infinite
+        when the proc root shows no uptime (every process counts as settled)."""
+        try:
+            up = float((self.proc_root / "uptime").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return math.inf
+        return (up - SETTLE_S) * _CLK_TCK
+
     def _stats(self) -> Iterator[tuple[str, Path, ProcStat]]:
         """Each process directory under the proc root with its stat (those gone meanwhile left out)."""
         for entry in os.listdir(self.proc_root):
@@ -229,14 +242,20 @@ class ProcessFinder:
         """The topmost process of each rank (a DataLoader worker shares its parent's ``RANK``)."""
         found: dict[int, tuple[int, Mapping[str, str], Path, ProcStat]] = {}
         live: set[tuple[int, int, str]] = set()
+        settled = self._settled_before()
         for entry, proc, st in self._stats():
             key = (int(entry), st.started, st.comm)
             live.add(key)
-            if key not in self._seen:
+            if key in self._seen:
+                got = self._seen[key]
+            else:
                 env = read_environ(proc)
                 ok = env is not None and env.get("RANK", "").isdigit() and "WORLD_SIZE" in env
-                self._seen[key] = (int(env["RANK"]), env) if ok and env is not None else None
-            got = self._seen[key]
+                got = (int(env["RANK"]), env) if ok and env is not None else None
+                # Between fork and exec a launcher's child still has the launcher's environment and, when both
+                # are ``python``, its command name: a young process is no rank only until it is read again.
+                if got is not None or st.started <= settled:
+                    self._seen[key] = got
             if got is not None:
                 found[int(entry)] = (got[0], got[1], proc, st)
         for gone in [k for k in self._seen if k not in live]:

@@ -53,12 +53,14 @@ class Profiler(Protocol):
 class PySpyProfiler:
     """``py-spy record --nonblocking --idle`` into a temporary file (the process is never paused)."""
 
-    def __init__(self, binary: str = "py-spy") -> None:
+    def __init__(self, binary: str = "py-spy", *, tmp_dir: str | None = None) -> None:
         self.binary = binary
+        self.tmp_dir = tmp_dir
+        """Where py-spy writes each survey's samples (removed after reading); None: the system's temporary directory."""
 
     def profile(self, pid: int, seconds: int, rate: int) -> str:
         """Samples of `pid` in py-spy's raw format."""
-        fd, path = tempfile.mkstemp(prefix="kmend-survey-", suffix=".txt")
+        fd, path = tempfile.mkstemp(prefix="kmend-survey-", suffix=".txt", dir=self.tmp_dir)
         os.close(fd)
         argv = [self.binary, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate),
                 "--format", "raw", "--idle", "--nonblocking", "--threads", "-o", path]

@@ -100,6 +100,35 @@ def test_a_pod_name_reused_in_its_namespace_is_the_pod_whose_log_is_written(tmp_
     assert (proc.job, proc.rank, proc.pod) == ("llama", 1, "train/llama-worker-1")
 
 
+LAUNCHER = """
+import os, sys, time
+child = os.fork()
+if child == 0:
+    time.sleep(1.0)  # a launcher's child between fork and exec: the launcher's environment and command name
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", HOSTNAME="llama-worker-1")
+    os.execve(sys.executable, [sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)"], env)
+print(child, flush=True)
+os.waitpid(child, 0)
+"""
+
+
+def test_a_rank_first_seen_between_its_launchers_fork_and_exec_is_found_after_the_exec(tmp_path: Path) -> None:
+    _pod_dir(tmp_path, "train", "llama-worker-1", "11111111-2222-3333-4444-555555555555")
+    finder = ProcessFinder(pods_root=tmp_path)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
+                                env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")})
+    try:
+        assert launcher.stdout is not None
+        child = int(launcher.stdout.readline())
+        assert all(p.pid != child for p in finder.find())  # looked at before its exec: no rank yet
+        [proc] = _mine(finder, {child}, wait_s=20.0)
+        assert (proc.rank, proc.job) == (1, "llama")
+    finally:
+        subprocess.run(["pkill", "-KILL", "-P", str(launcher.pid)], check=False)
+        launcher.kill()
+        launcher.wait()
+
+
 def test_a_stopped_rank_is_seen_stopped_and_its_stack_is_still_taken(tmp_path: Path, spawn: Spawn) -> None:
     py_spy = _py_spy("py-spy")
     if py_spy is None or os.geteuid() != 0:

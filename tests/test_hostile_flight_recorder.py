@@ -139,10 +139,10 @@ def test_one_jobs_data_that_breaks_the_straggler_scoring_does_not_stop_another_j
 
     real = StragglerDetector._score_ranks
 
-    def score(self: StragglerDetector, name: str, *args: Any) -> Any:
+    def score(self: StragglerDetector, name: str, *args: Any, **kwargs: Any) -> Any:
         if name == "training/bad":  # the job key: namespace/job
             raise FloatingPointError("impossible step times")  # stands for any bug one job's data could hit
-        return real(self, name, *args)
+        return real(self, name, *args, **kwargs)
 
     monkeypatch.setattr(StragglerDetector, "_score_ranks", score)
     suite = DetectorSuite()
