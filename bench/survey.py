@@ -64,6 +64,7 @@ def main() -> None:
     time.sleep(3.0)  # imports and warm-up
     rates: dict[str, list[float]] = {"off": [], "on": []}
     surveys, spy_cpu, samples = 0, 0.0, []
+    failed: list[str] = []
     profiler = PySpyProfiler(binary)
     try:
         for _ in range(args.rounds):
@@ -72,7 +73,11 @@ def main() -> None:
                 while time.monotonic() - t0 < args.seconds:
                     if kind == "on":
                         before = _children_cpu()
-                        raw = profiler.profile(proc.pid, 2, 100)
+                        try:
+                            raw = profiler.profile(proc.pid, 2, 100)
+                        except RuntimeError as exc:  # reported, as the agent logs it; the round goes on
+                            failed.append(str(exc)[:200])
+                            continue
                         spy_cpu += _children_cpu() - before
                         surveys += 1
                         samples.append(sum(main_thread_places(raw, proc.pid).values()))
@@ -89,7 +94,8 @@ def main() -> None:
         "steps_per_s_unsampled": [round(r, 1) for r in rates["off"]],
         "steps_per_s_sampled": [round(r, 1) for r in rates["on"]],
         "sampled_over_unsampled_median": round(on / off, 3),
-        "surveys": surveys, "py_spy_cpu_s_per_survey": round(spy_cpu / max(surveys, 1), 4),
+        "surveys": surveys, "failed_surveys": failed[:3],
+        "py_spy_cpu_s_per_survey": round(spy_cpu / max(surveys, 1), 4),
         "main_thread_samples_per_survey": median(samples) if samples else 0,
         "note": "surveys back to back while sampled (5x the agent's default duty of 2 s every 10 s)",
     }))
