@@ -291,17 +291,28 @@ def _traits(proc: Path) -> tuple[str | None, str | None, tuple[str, ...]] | None
     return (m.group(1).replace("_", "-") if m else None), env.get("HOSTNAME") or None, named
 
 
-def _last_write(pod_dir: Path) -> int:
-    """When any log file of a pod's directory was last written (ns since the epoch; 0 when unreadable)."""
-    newest = 0
+LogState = tuple[tuple[str, str, int, int], ...]
+"""(container, file, size, mtime in ns) of each file of a pod's log directory."""
+
+
+def log_state(pod_dir: os.PathLike[str]) -> LogState:
+    """The files of a pod's log directory as they are now (empty when it cannot be read)."""
+    out = []
     try:
-        containers = list(os.scandir(pod_dir))
+        containers = sorted(os.listdir(pod_dir))
     except OSError:
-        return 0
+        return ()
     for c in containers:
         try:
-            with os.scandir(c.path) as files:
-                newest = max([newest, *(f.stat().st_mtime_ns for f in files)])
+            with os.scandir(os.path.join(pod_dir, c)) as files:
+                for f in files:
+                    st = f.stat()
+                    out.append((c, f.name, st.st_size, st.st_mtime_ns))
         except OSError:
             continue
-    return newest
+    return tuple(sorted(out))
+
+
+def _last_write(pod_dir: Path) -> int:
+    """When any log file of a pod's directory was last written (ns since the epoch; 0 when unreadable)."""
+    return max((f[3] for f in log_state(pod_dir)), default=0)

@@ -15,7 +15,7 @@ progressing (a hang is the hang detector's) or has finished is not judged.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from statistics import median
 
 from analyzer.detectors.book import JobBook
@@ -66,18 +66,14 @@ class _Rank:
     """When the reported episode began (one finding per episode)."""
 
 
-@dataclass(slots=True)
-class _Job:
-    ranks: dict[int, _Rank] = field(default_factory=dict)
-
-
 class SurveyDetector:
     """Names the rank of a job its peers wait for, from the agents' stack surveys."""
 
     def __init__(self, book: JobBook, config: SurveyConfig | None = None) -> None:
         self.book = book
         self.config = config or SurveyConfig()
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, dict[int, _Rank]] = {}
+        """Per job key, each rank's latest survey."""
 
     def observe(self, sig: Signal) -> None:
         """Keep a rank's latest survey (``kmend_rank_stack_share`` samples; others are ignored)."""
@@ -93,7 +89,7 @@ class SurveyDetector:
         outside = max(0.0, 1.0 - p.value - busy)
         places = {k[6:].replace("_", " "): _share(labels, k) for k in labels if k.startswith("share_")}
         where = max((k for k in places if k != "collective"), key=lambda k: places[k], default="code")
-        ranks = self._jobs.setdefault(key, _Job()).ranks
+        ranks = self._jobs.setdefault(key, {})
         old = ranks.get(int(rank))
         samples = labels.get("samples", "0")
         new = _Rank(sig.node, sig.ts, outside, p.value, int(samples) if samples.isdigit() else 0, where, sig.id)
@@ -111,7 +107,7 @@ class SurveyDetector:
                 del self._jobs[key]
                 continue
             last = max((r.last_ts for r in state.ranks.values()), default=0.0)
-            ranks = {r: s for r, s in self._jobs[key].ranks.items()
+            ranks = {r: s for r, s in self._jobs[key].items()
                      if now - s.ts <= cfg.max_age_s and s.samples >= cfg.min_samples}
             if len(ranks) < 2 or now - last > cfg.idle_s:
                 continue

@@ -28,14 +28,12 @@ import os
 import time
 from dataclasses import dataclass
 
-from collector.processes import Occupancy, ProcessFinder, TrainingProcess, host_view
+from collector.processes import LogState, Occupancy, ProcessFinder, TrainingProcess, host_view, log_state
 from collector.signal import LogLine, ProgressSample, Signal, Source
 from collector.sources.base import Clock, Poll
 
 log = logging.getLogger(__name__)
 
-_LogState = tuple[tuple[str, str, int, int], ...]
-"""(container, file, size, mtime) of each file of a pod's log directory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +72,10 @@ class ProcessExitSource:
         """The ranks the node's step lines named, by pod (given: pods that ended before the agent started are told)."""
         self._next = 0.0
         self._running: dict[tuple[int, int], _Seen] = {}
-        self._watched: dict[str, _LogState] | None = None
+        self._watched: dict[str, LogState] | None = None
         """Pod directories there when the agent started, with their logs' sizes, until found ended or written to
         (None before the first look; empty when this ``/proc`` is not the host's)."""
-        self._ended: dict[str, tuple[_LogState, set[tuple[str, int, str | None]]]] = {}
+        self._ended: dict[str, tuple[LogState, set[tuple[str, int, str | None]]]] = {}
         """Pod directories found ended: their logs as they were, and the ranks told of."""
         self._names: frozenset[str] = frozenset()
         """Job names in the environment of the node's processes, at the last look."""
@@ -118,9 +116,9 @@ class ProcessExitSource:
             del self._ended[gone]
         first = self._watched is None
         if self._watched is None:
-            self._watched = ({d: st for d in present if (st := _log_state(root / d))}
+            self._watched = ({d: st for d in present if (st := log_state(root / d))}
                              if host_view(self.finder.proc_root) else {})
-        for d in [d for d in self._watched if d not in present or (not first and _log_state(root / d)
+        for d in [d for d in self._watched if d not in present or (not first and log_state(root / d)
                                                                      != self._watched[d])]:
             del self._watched[d]  # deleted (the log source tells its ranks), or written since the agent started
         # At the first look, only logs quiet for an interval before it; later, logs unchanged since the first.
@@ -151,7 +149,7 @@ class ProcessExitSource:
             new = self.ranks.by_pod.get((ns, pod), set()) - told
             if not new:
                 continue
-            if _log_state(self.finder.pods_root / d) != state:
+            if log_state(self.finder.pods_root / d) != state:
                 del self._ended[d]  # written again (a container restarted in it): its processes are seen
                 continue
             for job, rank, namespace in sorted(new, key=lambda r: (r[0], r[1], r[2] or "")):
@@ -172,23 +170,6 @@ def _pod_dirs(root: os.PathLike[str]) -> set[str]:
         return {d for d in os.listdir(root) if d.count("_") == 2}
     except OSError:
         return set()
-
-
-def _log_state(pod_dir: os.PathLike[str]) -> _LogState:
-    out = []
-    try:
-        containers = sorted(os.listdir(pod_dir))
-    except OSError:
-        return ()
-    for c in containers:
-        try:
-            with os.scandir(os.path.join(pod_dir, c)) as files:
-                for f in files:
-                    st = f.stat()
-                    out.append((c, f.name, st.st_size, st.st_mtime_ns))
-        except OSError:
-            continue
-    return tuple(sorted(out))
 
 
 def _occupied(pod_dir: str, here: Occupancy) -> bool:
