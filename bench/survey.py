@@ -61,7 +61,12 @@ def main() -> None:
     proc = mp.get_context("fork").Process(target=_loop, args=(counter,), daemon=True)
     proc.start()
     assert proc.pid is not None
-    time.sleep(3.0)  # imports and warm-up
+    deadline = time.monotonic() + 90.0  # torch's import and warm-up: seconds, minutes on a loaded machine
+    while counter.value < 50 and time.monotonic() < deadline and proc.is_alive():
+        time.sleep(0.2)
+    if counter.value < 50:
+        proc.kill()
+        sys.exit(f"the training loop did not start within 90 s ({counter.value} steps)")
     rates: dict[str, list[float]] = {"off": [], "on": []}
     surveys, spy_cpu, samples = 0, 0.0, []
     failed: list[str] = []
@@ -93,7 +98,7 @@ def main() -> None:
         "load_1m": round(os.getloadavg()[0], 2),
         "steps_per_s_unsampled": [round(r, 1) for r in rates["off"]],
         "steps_per_s_sampled": [round(r, 1) for r in rates["on"]],
-        "sampled_over_unsampled_median": round(on / off, 3),
+        "sampled_over_unsampled_median": round(on / off, 3) if off > 0 else None,
         "surveys": surveys, "failed_surveys": failed[:3],
         "py_spy_cpu_s_per_survey": round(spy_cpu / max(surveys, 1), 4),
         "main_thread_samples_per_survey": median(samples) if samples else 0,

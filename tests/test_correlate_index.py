@@ -126,12 +126,12 @@ def test_folding_stays_fast_with_ten_thousand_open_incidents() -> None:
         new.append(Finding(f.id, f.ts, f.fault_class, f.severity, f.hardware,
                            Location(node=node, job=f"job-{int(node[-4:]) // 8}", gpu=f.where.gpu, rank=f.where.rank),
                            f.rule_id, f.recommended_action, f.evidence, symptom_of=f.symptom_of))
-    t = time.perf_counter()
+    t = time.process_time()  # CPU time: a loaded machine's wait for a core is not the correlator's cost
     for i in range(0, len(new), 100):
         c.add_all(new[i:i + 100])
-    dt = time.perf_counter() - t
+    dt = time.process_time() - t
     assert len(c.incidents()) >= 10_000
-    # 3,000 findings: about 0.1 s here; comparing with every open incident took over 10 s.
+    # 3,000 findings: about 0.1 s of CPU here; comparing with every open incident took over 10 s.
     assert dt < 3.0, f"{len(new)} findings took {dt:.2f} s with 10,000 open incidents"
 
 
