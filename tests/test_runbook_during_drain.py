@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from collector.wire import to_wire
 from tests.builders import XID79, container, kernel
@@ -118,6 +119,7 @@ def _quarantined(served: Served, world: _World, node: str) -> None:
     _until(f"{node} cordoned", lambda: node in world.cordons)
 
 
+@pytest.mark.slow
 def test_a_reject_during_the_drain_answers_at_once_and_survives_kill_9(tmp_path: Path) -> None:
     with _world(tmp_path) as world:
         served = world.serve("first")
