@@ -125,10 +125,11 @@ class PlanExecutor:
         stop = stop or Stop()
         with running(stop):
             try:
-                return self._execute(plan, stop_before, journaled, stop)
+                done = self._execute(plan, stop_before, journaled, stop)
             except _Stopped as exc:
-                assert stop.decided is not None
-                return replace(stop.decided, steps=exc.plan.steps)
+                done = exc.plan
+            # Decided while the last step ran (a drain stopped between evictions): the plan is as the decision left it.
+            return done if stop.decided is None else replace(stop.decided, steps=done.steps)
 
     def _execute(self, plan: Plan, stop_before: Collection[StepKind], journaled: bool, stop: Stop) -> Plan:
         if plan.state in FINAL_PLAN_STATES:
