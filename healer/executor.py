@@ -32,6 +32,7 @@ from healer.records import (
 from healer.safety import Guard, VerdictKind
 from healer.steps import checkpoint, drain, evidence, node, repair, restart, spare
 from healer.steps.base import StepContext, StepRunner
+from healer.stopping import Stop, running, stop_asked
 
 log = logging.getLogger("kmend.healer")
 
@@ -62,6 +63,14 @@ class Journal(Protocol):
     def save_step(self, plan_id: str, step: ActionStep) -> None:
         """Update one step's state, result and outputs."""
         ...
+
+
+class _Stopped(Exception):
+    """An operator's decision came before the run's next journal write: the run ends there."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan.id)
+        self.plan = plan
 
 
 StepObserver = Callable[[Plan, ActionStep], None]
@@ -95,7 +104,8 @@ class PlanExecutor:
         self.on_plan = on_plan
         self._admission = threading.Lock()
 
-    def execute(self, plan: Plan, *, stop_before: Collection[StepKind] = (), journaled: bool = True) -> Plan:
+    def execute(self, plan: Plan, *, stop_before: Collection[StepKind] = (), journaled: bool = True,
+                stop: Stop | None = None) -> Plan:
         """Run every unfinished step in order; stops at a waiting, failed or blocked step.
 
         Safe to call for different plans from several threads: the brakes are checked, and an allowed step
@@ -108,7 +118,20 @@ class PlanExecutor:
         nothing outside the journal (``LOCAL_STEPS``) are written in one transaction with the intent of the first
         step that acts: a new plan's cordon follows one commit, not five. A crash before that commit leaves no
         trace to resume and nothing done; the incident is planned again.
+
+        With ``stop``, an operator may decide about the plan while it runs (``Stop.decide``): the step in flight ends
+        and its result is journaled, no other step starts, and the plan is returned as the decision left it.
         """
+        stop = stop or Stop()
+        with running(stop):
+            try:
+                done = self._execute(plan, stop_before, journaled, stop)
+            except _Stopped as exc:
+                done = exc.plan
+            # Decided while the last step ran (a drain stopped between evictions): the plan is as the decision left it.
+            return done if stop.decided is None else replace(stop.decided, steps=done.steps)
+
+    def _execute(self, plan: Plan, stop_before: Collection[StepKind], journaled: bool, stop: Stop) -> Plan:
         if plan.state in FINAL_PLAN_STATES:
             if not journaled:
                 self.journal.save_plan(plan)
@@ -135,16 +158,23 @@ class PlanExecutor:
             current = replace(plan, steps=tuple(steps))
             if step is not None:
                 current = replace(current, steps=tuple(step if s.id == step.id else s for s in current.steps))
-            if unsaved:
-                self.journal.save_plan(current)
-            elif step is not None:
-                self.journal.save_step(plan.id, step)
+            with stop.lock:  # an operator's decision, journaled in between, is never overwritten
+                if stop.decided is not None:
+                    raise _Stopped(current)
+                if unsaved:
+                    self.journal.save_plan(current)
+                elif step is not None:
+                    self.journal.save_step(plan.id, step)
+                if step is not None and step.state is StepState.RUNNING:
+                    stop.in_flight(step.kind)
             unsaved = False
             seen = current
 
         for i, step in enumerate(steps):
             if step.state in DONE_STEP_STATES:
                 continue
+            if stop.decided is not None:
+                raise _Stopped(replace(plan, steps=tuple(steps)))
             if step.kind in stop_before or not self.is_leader():
                 write()
                 return plan
@@ -159,13 +189,13 @@ class PlanExecutor:
                     continue
                 if finished.state is StepState.FAILED:
                     return self._finish(plan, PlanState.FAILED, Announcement.PLAN_FAILED,
-                                        f"step {finished.kind.value} failed: {finished.result}")
+                                        f"step {finished.kind.value} failed: {finished.result}", stop)
                 write()
                 return plan
             # Asked once per call, before its first step: the steps of one call follow each other within
             # milliseconds, and a node read before each would double the API calls of a quarantine.
             if not asked and (why := self._taken_back(plan, step)) is not None:
-                return self._finish(plan, PlanState.CANCELLED, Announcement.PLAN_FAILED, why)
+                return self._finish(plan, PlanState.CANCELLED, Announcement.PLAN_FAILED, why, stop)
             asked = True
             admitted = False
             if self.guard is not None:
@@ -180,7 +210,10 @@ class PlanExecutor:
                 if verdict.kind is VerdictKind.BLOCK:
                     blocked = replace(plan, state=PlanState.BLOCKED,
                                       reason=f"{plan.reason} | blocked: {verdict.reason}")
-                    self.journal.save_plan(blocked)
+                    with stop.lock:
+                        if stop.decided is not None:
+                            raise _Stopped(plan)
+                        self.journal.save_plan(blocked)
                     if self.on_plan:
                         if verdict.tripped:
                             self.on_plan(Announcement.BREAKER_TRIPPED, blocked)
@@ -201,7 +234,9 @@ class PlanExecutor:
                 if not (admitted and attempt == 0):
                     write(replace(finished, state=StepState.RUNNING))
                 finished = self._run(replace(finished, state=StepState.RUNNING), plan)
-                self.journal.save_step(plan.id, finished)
+                with stop.lock:  # what the step did is journaled, decided or not
+                    self.journal.save_step(plan.id, finished)
+                    stop.in_flight(None)
                 steps[i] = finished
                 plan = replace(plan, steps=tuple(steps))
                 seen = plan
@@ -213,14 +248,17 @@ class PlanExecutor:
                 self.on_step(plan, finished)
             if finished.state is StepState.FAILED:
                 return self._finish(plan, PlanState.FAILED, Announcement.PLAN_FAILED,
-                                    f"step {finished.kind.value} failed: {finished.result}")
+                                    f"step {finished.kind.value} failed: {finished.result}", stop)
             if finished.state is StepState.WAITING:
                 return plan
-        return self._finish(plan, PlanState.SUCCEEDED, Announcement.PLAN_DONE, "")
+        return self._finish(plan, PlanState.SUCCEEDED, Announcement.PLAN_DONE, "", stop)
 
-    def _finish(self, plan: Plan, state: PlanState, what: Announcement, why: str) -> Plan:
+    def _finish(self, plan: Plan, state: PlanState, what: Announcement, why: str, stop: Stop) -> Plan:
         plan = replace(plan, state=state, reason=f"{plan.reason} | {why}" if why else plan.reason)
-        self.journal.save_plan(plan)
+        with stop.lock:
+            if stop.decided is not None:
+                raise _Stopped(plan)
+            self.journal.save_plan(plan)
         if self.on_plan:
             self.on_plan(what, plan)
         return plan
@@ -259,6 +297,8 @@ class PlanExecutor:
                                        result=f"gave up after {now - since:.0f} s of temporary errors: {exc}")
                     return replace(step, state=StepState.WAITING, result=f"temporary error, retried later: {exc}",
                                    outputs={**step.outputs, "temporary_since": str(since)})
+                if stop_asked():  # the operator's decision is not held up by a server's retries
+                    return replace(step, state=StepState.WAITING, result=f"stopped by an operator: {exc}")
                 log.info("step %s: temporary error (%s), retrying", step.id, exc)
                 self.sleep(max(delay, min(exc.delay, 10.0)))
                 delay = min(delay * 2, 10.0)

@@ -25,6 +25,7 @@ from healer.workloads import Workloads
 from kmend.settings import Settings
 
 if TYPE_CHECKING:
+    from healer.gang.metrics import HeldMetrics
     from healer.gang.scheduler import GangScheduler
     from healer.kube.pods import KubePodScheduling
     from kmend.metrics import Metrics
@@ -143,16 +144,17 @@ def kube_pod_scheduling(cluster: Cluster) -> KubePodScheduling:
 
 
 def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callable[[], bool],
-                        metrics: Metrics, port: KubePodScheduling | None = None) -> GangScheduler:
-    """The gang scheduler on a real cluster's pod and PodGroup watches, acting while `is_leader()`."""
+                        metrics: Metrics | HeldMetrics, port: KubePodScheduling | None = None) -> GangScheduler:
+    """The gang scheduler on a real cluster's pod and PodGroup watches, acting while `is_leader()`; its cycles are
+    counted in ``metrics`` (or held there until the service's registry exists)."""
     from healer.gang.config import SchedulerConfig
-    from healer.gang.metrics import SchedulerMetrics
+    from healer.gang.metrics import HeldMetrics, SchedulerMetrics
     from healer.gang.scheduler import GangScheduler
 
     kube = port or kube_pod_scheduling(cluster)
+    counted = metrics if isinstance(metrics, HeldMetrics) else SchedulerMetrics(metrics.registry)
     scheduler = GangScheduler(port=kube, is_leader=is_leader, clock=time.time,
-                              config=SchedulerConfig(scheduler_name=settings.scheduler_name),
-                              metrics=SchedulerMetrics(metrics.registry))
+                              config=SchedulerConfig(scheduler_name=settings.scheduler_name), metrics=counted)
     kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
     kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
     return scheduler
@@ -167,15 +169,17 @@ def start_early(settings: Settings) -> Early | None:
     choice, settings = cluster_choice(settings)
     if choice != "kube":
         return None
-    from kmend.metrics import Metrics
 
     started: list[tuple[LeaderElector | AlwaysLeader, Metrics, GangScheduler | None, SchedulerLoop | None]] = []
 
     def schedule(cluster: Cluster, leases: Leases) -> None:
+        from healer.gang.metrics import HeldMetrics
+
         leader = make_leader(settings, leases)
-        metrics = Metrics()
         if settings.scheduler is False:
-            started.append((leader, metrics, None, None))
+            from kmend.metrics import Metrics
+
+            started.append((leader, Metrics(), None, None))
             return
         built: list[SchedulerLoop] = []
         ready = threading.Event()
@@ -193,14 +197,21 @@ def start_early(settings: Settings) -> Early | None:
                 built[0].start()
 
         threading.Thread(target=lead_then_schedule, name="kmend-early", daemon=True).start()
+        held = HeldMetrics()
         try:
-            scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, metrics, port)
+            scheduler = kube_gang_scheduler(settings, cluster, leader.is_leader, held, port)
             loop = SchedulerLoop(scheduler, settings.scheduler_interval_s)
             built.append(loop)
         finally:
             ready.set()
-        started.append((leader, metrics, scheduler, loop))
         loop.cycled.wait(FIRST_CYCLE_WAIT_S)  # before the Workloads adapter and the rest of the service
+        # The registry after the first cycle: prometheus_client's import is not in front of the first bind.
+        from healer.gang.metrics import SchedulerMetrics
+        from kmend.metrics import Metrics
+
+        metrics = Metrics()
+        held.attach(SchedulerMetrics(metrics.registry))
+        started.append((leader, metrics, scheduler, loop))
 
     ports = kube_ports(settings, then=schedule)
     leader, metrics, scheduler, loop = started[0]

@@ -10,21 +10,15 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from analyzer.records import Incident, IncidentState
 from healer import gpu_report
 from healer.acceptance import Candidate, acceptance_plan, candidates
-from healer.cluster import ClusterEvent, Condition, Taint
 from healer.executor import PlanExecutor, describe
 from healer.history import node_records
 from healer.keys import (
-    CONDITION_TYPE,
-    FAULT_TAINT_KEY,
-    QUARANTINE_PLAN,
-    QUARANTINE_REASON,
-    QUARANTINED_AT,
-    QUARANTINED_BY,
     QUARANTINED_LABEL,
     UNVALIDATED_TAINT_KEY,
 )
@@ -37,7 +31,7 @@ from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, S
 from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
-from healer.steps.node import set_health
+from healer.steps.node import release_node
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.metrics import Metrics
@@ -361,10 +355,15 @@ class Healing:
             raise KeyError(plan_id)
         return found
 
+    def _idle(self, plan_id: str) -> None:
+        """A plan whose step runs in the background is not run a second time beside it: the caller asks again."""
+        if self.background.active(plan_id):
+            raise NotAllowed(f"plan {plan_id} has a step running in the background: ask again once it is done")
+
     def approve(self, plan_id: str, by: str, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
         """Run a plan that waits for approval."""
         with self.lock:
-            self.background.wait(plan_id=plan_id)
+            self._idle(plan_id)
             plan = self.plan(plan_id)
             if plan.state is not PlanState.AWAITING_APPROVAL:
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}, not awaiting approval")
@@ -373,26 +372,36 @@ class Healing:
             return self._run_now(plan, set_state)
 
     def reject(self, plan_id: str, by: str) -> Plan:
-        """Refuse a plan that waits for approval (or is blocked)."""
-        with self.lock:
-            self.background.wait(plan_id=plan_id)
+        """Refuse a plan that waits for approval (or is blocked), or stop a running one: what it did stays done and
+        journaled, its step in flight ends (a drain: the eviction in flight), and no other step runs.
+
+        Answers at once, also while the plan's step runs in the background: the decision is journaled between two of
+        that task's journal writes, and the task sees it before its next step."""
+        def decide() -> Plan:
             plan = self.plan(plan_id)
-            if plan.state not in (PlanState.AWAITING_APPROVAL, PlanState.BLOCKED, PlanState.PENDING):
-                raise NotAllowed(f"plan {plan_id} is {plan.state.value}: only waiting plans can be rejected")
+            if plan.state not in (PlanState.AWAITING_APPROVAL, PlanState.BLOCKED, PlanState.PENDING,
+                                  PlanState.RUNNING):
+                raise NotAllowed(f"plan {plan_id} is {plan.state.value}: only waiting or running plans can be "
+                                 "rejected")
             plan = replace(plan, state=PlanState.REJECTED, reason=f"{plan.reason} | rejected by {by}")
             self.store.save_plan(plan)
-            return self._track(plan)
+            return plan
+
+        with self.lock:
+            rejected = self.background.decide(plan_id, decide)
+            assert rejected is not None
+            return self._track(rejected)
 
     def execute(self, plan_id: str, by: str, set_state: Callable[[str, IncidentState, str], None], *,
                 dry_run: bool) -> tuple[Plan, list[dict[str, str]]]:
         """Preview (dry run) or run a plan now: an approval, a blocked plan after a breaker reset, a dry-run plan."""
         with self.lock:
-            self.background.wait(plan_id=plan_id)
             plan = self.plan(plan_id)
             preview = [{"step": s.id, "kind": s.kind.value, "state": s.state.value, "would": describe(s)}
                        for s in plan.steps if s.state not in (StepState.SUCCEEDED,)]
             if dry_run:
                 return plan, preview
+            self._idle(plan_id)
             if plan.state in (PlanState.SUCCEEDED, PlanState.REJECTED, PlanState.CANCELLED, PlanState.RUNNING):
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}")
             if plan.state is PlanState.BLOCKED and self.store.ledger.breaker().tripped \
@@ -408,31 +417,33 @@ class Healing:
     def quarantine(self, node: str, by: str, reason: str) -> Plan:
         """An operator's quarantine, journaled like any plan."""
         with self.lock:
-            self.background.wait(node=node)
+            self.background.quiet(node)  # a drain or a restore of a plan for the node goes on beside it
             self.ctx.cluster.get_node(node)  # NotFoundError → 404
             plan = operator_quarantine_plan(node, by, reason, self.ctx.clock())
             return self._track(self.executor.execute(plan, journaled=False))
 
     def release(self, node: str, by: str) -> list[str]:
-        """An operator puts the node back in service: kmend's plans for it are cancelled, its marks removed."""
+        """An operator puts the node back in service: kmend's plans for it are cancelled, its marks removed.
+
+        A plan whose step runs in the background is cancelled through its task's hold: the task ends after its step in
+        flight (a drain: the eviction in flight), which the release does not wait for unless it writes to the node."""
+        def cancel(plan_id: str) -> Plan | None:
+            p = self.plan(plan_id)  # read again: the task may have finished it meanwhile
+            if p.state in FINAL_PLAN_STATES:
+                return None
+            p = replace(p, state=PlanState.CANCELLED, reason=f"{p.reason} | node released by {by}")
+            self.store.save_plan(p)
+            return p
+
         with self.lock:
-            self.background.wait(node=node)
             self.ctx.cluster.get_node(node)
             cancelled = []
             for p in self.store.list_plans(node=node):
-                if p.state not in FINAL_PLAN_STATES:
-                    self.store.save_plan(replace(p, state=PlanState.CANCELLED,
-                                                 reason=f"{p.reason} | node released by {by}"))
+                if p.state not in FINAL_PLAN_STATES and self.background.decide(p.id, partial(cancel, p.id)):
+                    self._track(replace(p, state=PlanState.CANCELLED))
                     cancelled.append(p.id)
-            c = self.ctx.cluster
-            c.patch_node_metadata(node, labels={QUARANTINED_LABEL: None}, annotations={
-                QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None})
-            # Back from repair: it takes work only once the health check passes (the acceptance loop runs it).
-            c.add_taint(node, Taint(UNVALIDATED_TAINT_KEY, "repaired", "NoSchedule"))
-            c.remove_taint(node, FAULT_TAINT_KEY)
-            set_health(c, node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
-            c.uncordon(node)
-            c.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
+            self.background.quiet(node)  # a quarantine write still on its way comes before the marks come off
+            release_node(self.ctx.cluster, node, by)
             check = acceptance_plan(Candidate(node, "repaired"), self.policy, self.ctx.clock())
             self.store.save_plan(check)  # the healer loop runs it (and resumes it after a crash)
             self._track(check)

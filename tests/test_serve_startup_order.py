@@ -1,7 +1,8 @@
 """`kmend serve` start-up puts the gang scheduler first: with a current schema it loads neither Alembic nor the node
 agent's modules; a schema behind head is still upgraded; on a real cluster a gang waiting at start is bound while
-the rest of the service is still being built (here: while the database does not answer at all), and its first bind
-comes within a small multiple of the time the bare client takes to import (measured in the same run)."""
+the rest of the service is still being built (here: while the database does not answer at all), its first bind loads
+neither the metrics client, the web stack nor the store, and it comes within a small multiple of the time the bare
+client takes to import (measured in the same run)."""
 
 from __future__ import annotations
 
@@ -159,6 +160,54 @@ def test_the_lease_taken_before_the_store_exists_is_recorded_once_it_does(tmp_pa
             kmend.store.close()
         finally:
             early.loop.stop()
+
+
+# `kmend serve --cluster kube` as the console script runs it, ended at its first binding: which of the modules that
+# the first bind does not need were loaded before it.
+FIRST_BIND_PROBE = """
+import os, sys
+import healer.kube.pods as pods
+def bind(self, *args, **kwargs):
+    print(sorted(m for m in sys.argv[1].split(",") if m in sys.modules), flush=True)
+    os._exit(0)
+pods.KubePodScheduling.bind = bind
+from kmend.cli import main
+main(["serve"])
+"""
+NOT_BEFORE_THE_FIRST_BIND = ("prometheus_client", "fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic",
+                             "pandas", "sklearn", "kmend.service", "kmend.app", "healer.kube.workloads")
+"""What a gang waiting at start does not wait for: the metrics client (a tenth of a second to import on a loaded
+machine; the scheduler's first cycles are counted once it is loaded), the web stack, the store, the service."""
+
+
+def test_the_first_bind_loads_neither_the_metrics_client_nor_the_web_stack_or_store(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        _pending_gang(api, nodes=8, pods=4)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "KMEND_CLUSTER": "kube", "KMEND_KUBECONFIG": str(kubeconfig),
+               "KMEND_PORT": str(free_port()), "KMEND_DATABASE_URL": f"sqlite:///{tmp_path / 'k.db'}"}
+        out = subprocess.run([sys.executable, "-c", FIRST_BIND_PROBE, ",".join(NOT_BEFORE_THE_FIRST_BIND)], env=env,
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_the_scheduler_cycles_before_the_metrics_exist_are_counted() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from healer.gang.metrics import HeldMetrics, SchedulerMetrics
+
+    held = HeldMetrics()
+    held.observe(0.02, 0, placed=1, bound=16)  # the first cycle, before the registry exists
+    held.failed_binds(2)
+    registry = CollectorRegistry()
+    held.attach(SchedulerMetrics(registry))
+    held.observe(0.01, 1, placed=0, bound=0)  # a later one goes straight through
+    assert registry.get_sample_value("kmend_scheduler_pods_bound_total") == 16
+    assert registry.get_sample_value("kmend_scheduler_gangs_placed_total") == 1
+    assert registry.get_sample_value("kmend_scheduler_bind_failures_total") == 2
+    assert registry.get_sample_value("kmend_scheduler_cycle_duration_seconds_count") == 2
+    assert registry.get_sample_value("kmend_scheduler_gangs_pending") == 1
 
 
 FIRST_BIND_FLOOR_RATIO = 2.0

@@ -14,7 +14,7 @@ from healer.cluster import ClusterError, NotFoundError, TemporaryError
 from healer.gang.cache import SchedulerCache
 from healer.gang.config import SchedulerConfig
 from healer.gang.gangs import Gang
-from healer.gang.metrics import SchedulerMetrics
+from healer.gang.metrics import CycleMetrics
 from healer.gang.placement import Placement, Placer, Unfit
 from healer.gang.port import (
     ConflictError,
@@ -85,7 +85,7 @@ class GangScheduler:
 
     def __init__(self, *, port: PodScheduling, is_leader: Callable[[], bool], clock: Callable[[], float],
                  config: SchedulerConfig | None = None, reservations: ReservationBook | None = None,
-                 sleep: Callable[[float], None] = time.sleep, metrics: SchedulerMetrics | None = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, metrics: CycleMetrics | None = None) -> None:
         self.port = port
         self.is_leader = is_leader
         self.clock = clock
@@ -218,7 +218,7 @@ class GangScheduler:
             return GangResult(gang.key, Outcome.BOUND, len(outcomes), placement=placement)
         failed = sum(1 for _, s in outcomes if s in ("failed", "uncertain"))
         if self.metrics is not None:
-            self.metrics.bind_failures.inc(failed)
+            self.metrics.failed_binds(failed)
         victims = [b.pod for b, s in outcomes if s in ("", "uncertain")]
         self._release(victims)
         why = f"binding failed for {failed} of {len(outcomes)} pods; released {len(victims)} bound pods"

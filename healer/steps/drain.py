@@ -19,6 +19,7 @@ from healer.cluster import TemporaryError
 from healer.jobs import is_daemon, pods_of_job
 from healer.records import ActionStep, Plan
 from healer.steps.base import StepContext, StepOutcome, done, failed, started_at, waiting
+from healer.stopping import stop_asked
 from healer.workloads import PodInfo
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -51,11 +52,17 @@ def drain(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
         return done(f"no {what} left on {node}{left}", kept=str(kept))
     grace = int(p.get("grace_s", "300"))
     blocked: list[str] = []
-    for pod in pods:
+    evicted = 0
+    for at, pod in enumerate(pods):
         if pod.terminating:
             continue
+        if stop_asked():  # an operator stopped the plan: the evictions left are not made
+            left_running = sum(1 for x in pods[at:] if not x.terminating)
+            return waiting(f"stopped by an operator after {evicted} eviction(s) on {node}; {left_running} of the "
+                           f"{what} not evicted", started_at=str(since))
         try:
             ctx.workloads.evict_pod(pod.namespace, pod.name, grace)
+            evicted += 1
         except TemporaryError as exc:
             blocked.append(f"{pod.name} ({exc})")
     terminating = len(pods) - len(blocked)

@@ -130,6 +130,18 @@ def accept(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     return done(f"{node} validated: {UNVALIDATED_TAINT_KEY} removed")
 
 
+def release_node(cluster: Cluster, node: str, by: str) -> None:
+    """An operator's release: kmend's marks come off and the node is uncordoned, tainted unvalidated (back from
+    repair, it takes work once its health check passes), with an Event saying who released it."""
+    cluster.patch_node_metadata(node, labels={QUARANTINED_LABEL: None}, annotations={
+        QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None})
+    cluster.add_taint(node, Taint(UNVALIDATED_TAINT_KEY, "repaired", "NoSchedule"))
+    cluster.remove_taint(node, FAULT_TAINT_KEY)
+    set_health(cluster, node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
+    cluster.uncordon(node)
+    cluster.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
+
+
 RUNNERS = {
     StepKind.CORDON: cordon,
     StepKind.TAINT: taint,

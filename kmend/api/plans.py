@@ -44,7 +44,7 @@ def approve(plan_id: str, kmend: KmendDep, who: OperatorDep) -> dict[str, Any]:
 
 @router.post("/{plan_id}/reject")
 def reject(plan_id: str, kmend: KmendDep, who: OperatorDep) -> dict[str, Any]:
-    """Refuse a waiting plan; nothing of it runs."""
+    """Refuse a waiting plan (nothing of it runs) or stop a running one after its step in flight; answers at once."""
     try:
         return plan_to_dict(kmend.healing.reject(plan_id, who))
     except KeyError:
