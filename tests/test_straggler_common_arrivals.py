@@ -52,3 +52,20 @@ def test_a_rank_ahead_of_the_others_gives_the_steps_up_to_the_slowest_ranks_newe
 def test_no_rank_or_a_rank_with_no_steps_has_no_common_step() -> None:
     assert common_arrivals([], 20)[0] == []
     assert common_arrivals([deque([(1, 1.0)]), deque()], 20)[0] == []
+
+
+def test_steps_read_since_an_earlier_answer_give_the_same_answer_as_reading_them_all() -> None:
+    rng = random.Random(5)
+    arrivals: list[deque[tuple[int, float]]] = [deque(maxlen=64) for _ in range(24)]
+    prior: tuple[list[int], np.ndarray] | None = None
+    for step in range(1, 150):
+        for a in arrivals:  # every rank reports the step; some a few steps early, some jumping ahead
+            while (not a or a[-1][0] < step + rng.choice([0, 0, 0, 1, 3])) and rng.random() > 0.05:
+                a.append(((a[-1][0] if a else 0) + 1, step + rng.uniform(0, 0.05)))
+        if not all(arrivals):
+            continue
+        got = common_arrivals(arrivals, 20, prior)
+        want = common_arrivals(arrivals, 20)
+        assert got[0] == want[0]
+        assert np.array_equal(got[1], want[1])
+        prior = got

@@ -110,8 +110,9 @@ class StragglerDetector:
         self._lags: dict[tuple[str, int], _Episode] = {}
         self._range_at: dict[str, int] = {}
         """Job -> the last step of the newest summary range its ranks were compared over."""
-        self._lag_mark: dict[str, tuple[int, tuple[int, ...], int]] = {}
-        """Job -> (run, ranks, newest step all of them reported) at its last arrival-lag score."""
+        self._lag_mark: dict[str, tuple[tuple[int, tuple[int, ...]], list[int], np.ndarray] | None] = {}
+        """Job -> ((run, ranks), common steps, arrival times) of its last arrival-lag score: the next reads only the
+        steps reported since."""
 
     def forget(self, job: str) -> None:
         """Drop the episodes of a job that left the book."""
@@ -286,14 +287,15 @@ class StragglerDetector:
         if len(ranks) < cfg.min_ranks:
             return []
         arrivals = [job.ranks[r].arrivals for r in ranks]
-        if cfg.persistence_in_steps and all(arrivals):
+        key = (job.run, tuple(ranks))
+        last = self._lag_mark.get(name)
+        if cfg.persistence_in_steps and all(arrivals) and last is not None and last[0] == key \
+                and last[1][-1] == min(a[-1][0] for a in arrivals):
             # Counted in common steps, the episodes move only when the newest step every rank reported does: until
             # the last rank reports it, a job whose other ranks stepped is not scored again.
-            mark = (job.run, tuple(ranks), min(a[-1][0] for a in arrivals))
-            if self._lag_mark.get(name) == mark:
-                return []
-            self._lag_mark[name] = mark
-        steps, at = common_arrivals(arrivals, cfg.window)
+            return []
+        steps, at = common_arrivals(arrivals, cfg.window, last[1:] if last is not None and last[0] == key else None)
+        self._lag_mark[name] = (key, steps, at) if steps else None
         if len(steps) < cfg.min_samples:
             return []
         first = at.min(axis=0)
@@ -453,13 +455,15 @@ def _pooled(parts: list[tuple[int, float, float, float]]) -> tuple[int, float, f
     return steps, mean, sd(2), sd(3)
 
 
-def common_arrivals(arrivals: Sequence[deque[tuple[int, float]]], window: int) -> tuple[list[int], np.ndarray]:
+def common_arrivals(arrivals: Sequence[deque[tuple[int, float]]], window: int,
+                    prior: tuple[list[int], np.ndarray] | None = None) -> tuple[list[int], np.ndarray]:
     """The newest `window` steps every rank reported (oldest first), and when each rank reported each (a row a rank).
 
     Each rank's arrivals are in rising step order. Lock-stepped ranks hold the same run of consecutive steps, a
     rank at most a few steps ahead: then the common steps are the run up to the lowest rank's newest step, read
     from each rank's newest entries without a set or dict per rank (a 512-rank job's score was most of an
-    evaluation). Otherwise, the steps every rank holds are intersected.
+    evaluation). Otherwise, the steps every rank holds are intersected. `prior`: this function's answer for the
+    same ranks earlier; a step's arrival time never changes, so only the steps since are read.
     """
     if not arrivals or not all(arrivals):
         return [], np.empty((len(arrivals), 0))
@@ -470,6 +474,13 @@ def common_arrivals(arrivals: Sequence[deque[tuple[int, float]]], window: int) -
     if w > 0 and all(a[len(a) - x - 1][0] == upper and a[len(a) - x - w][0] == upper - w + 1
                      for a, x in zip(arrivals, extra, strict=True)):
         # Rising whole steps: w entries from upper - w + 1 to upper are every step between, on every rank.
+        lo = upper - w + 1
+        if prior is not None and prior[0] and prior[0][-1] - prior[0][0] == len(prior[0]) - 1 \
+                and prior[0][0] <= lo and lo - 1 <= prior[0][-1] <= upper:
+            d = upper - prior[0][-1]  # steps since: read from each rank's entries below its `extra`
+            new = [[t for _, t in islice(a, len(a) - x - d, len(a) - x)] for a, x in zip(arrivals, extra, strict=True)]
+            at = np.hstack([prior[1][:, lo - prior[0][0]:], np.array(new, dtype=np.float64).reshape(len(arrivals), d)])
+            return list(range(lo, upper + 1)), at
         rows = [[t for _, t in islice(a, len(a) - x - w, len(a) - x)] for a, x in zip(arrivals, extra, strict=True)]
         return list(range(upper - w + 1, upper + 1)), np.array(rows, dtype=np.float64)
     seen = [dict(a) for a in arrivals]
