@@ -170,8 +170,8 @@ class HangDetector:
         thr = self.threshold(job)
         if thr is None:
             return None
-        last = {r: max(s.heard_ts, job.resume_ts) for r, s in job.ranks.items()}
-        newest = max(last.values())
+        # Every job is judged every evaluation: its newest report is read without a dict of every rank's.
+        newest = max(max(s.heard_ts for s in job.ranks.values()), job.resume_ts)
         if now - newest < thr:
             self._reported.pop(name, None)  # progressing: a later stall is a new episode
             self._held.pop(name, None)
@@ -207,7 +207,7 @@ class HangDetector:
             fields["culprit_rank"] = str(exited[0])
         elif behind:
             mode = "ranks_behind"
-            first = min(behind, key=lambda r: (last[r], r))
+            first = min(behind, key=lambda r: (max(job.ranks[r].heard_ts, job.resume_ts), r))
             culprit = (first, job.ranks[first])
             fields["behind_ranks"] = ",".join(str(r) for r in sorted(behind)[:32])
             fields["culprit_rank"] = str(first)

@@ -17,7 +17,11 @@ straggler finding a hardware one.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache, partial
+from itertools import islice
 
 import numpy as np
 
@@ -106,6 +110,9 @@ class StragglerDetector:
         self._lags: dict[tuple[str, int], _Episode] = {}
         self._range_at: dict[str, int] = {}
         """Job -> the last step of the newest summary range its ranks were compared over."""
+        self._lag_mark: dict[str, tuple[tuple[int, tuple[int, ...]], list[int], np.ndarray] | None] = {}
+        """Job -> ((run, ranks), common steps, arrival times) of its last arrival-lag score: the next reads only the
+        steps reported since."""
 
     def forget(self, job: str) -> None:
         """Drop the episodes of a job that left the book."""
@@ -114,6 +121,7 @@ class StragglerDetector:
         self._nodes = {k: e for k, e in self._nodes.items() if k[0] != job}
         self._lags = {k: e for k, e in self._lags.items() if k[0] != job}
         self._range_at.pop(job, None)
+        self._lag_mark.pop(job, None)
 
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose step advanced since the last evaluation (the arrival lag also when a late rank
@@ -134,11 +142,13 @@ class StragglerDetector:
                 continue
             self._last_step[name] = (job.run, job.max_step, job.version)
             try:
-                evidence = self._node_evidence(name)
+                # Computed when first needed (a finding to explain, the node model's turn): most evaluations of a
+                # busy fleet's jobs find nothing, and reading every GPU of a 64-node job each time was a third of it.
+                evidence = cache(partial(self._node_evidence, name))
                 found = self._score_ranks(name, job, now, evidence, stepped=stepped)
                 found += self._score_lags(name, job, now, evidence)
                 if stepped and job.max_step % self.config.node_every_steps == 0:
-                    found += self._score_nodes(name, job, now, evidence)
+                    found += self._score_nodes(name, job, now, evidence())
             except Exception as exc:  # one job's data must not stop the other jobs' scoring
                 self.failures.append((name, f"{type(exc).__name__}: {str(exc)[:300]}"))
                 continue
@@ -147,7 +157,7 @@ class StragglerDetector:
 
     # -- ranks -----------------------------------------------------------------
 
-    def _score_ranks(self, name: str, job: JobState, now: float, hw: dict[str, str], *,
+    def _score_ranks(self, name: str, job: JobState, now: float, hw: Callable[[], dict[str, str]], *,
                      stepped: bool = True) -> list[Finding]:
         cfg = self.config
         ranged = self._score_ranges(name, job, now, hw) if cfg.persistence_in_steps else None
@@ -171,7 +181,7 @@ class StragglerDetector:
             if not self._step(ep, flagged, job.max_step):
                 continue
             st = job.ranks[r]
-            reason = hw.get(st.node)
+            reason = hw().get(st.node)
             hardware = reason is not None
             action = Action.REPLACE_NODE if hardware and slow[i] >= cfg.replace_slowdown else Action.NOTIFY
             fields = {"slowdown": f"{slow[i]:.3f}", "z": f"{z[i]:.1f}", "window_steps": str(m),
@@ -191,7 +201,8 @@ class StragglerDetector:
             ))
         return out
 
-    def _score_ranges(self, name: str, job: JobState, now: float, hw: dict[str, str]) -> list[Finding] | None:
+    def _score_ranges(self, name: str, job: JobState, now: float, hw: Callable[[], dict[str, str]]
+                      ) -> list[Finding] | None:
         """Ranks whose own work was slower than their peers' over the same steps: the agents' summaries of hook
         reports, which close at the same steps on every rank (None: the job's ranks sent no such summaries).
 
@@ -232,7 +243,7 @@ class StragglerDetector:
                 if not self._step(ep, bool(flagged[i]), end, span=span, recovered=bool(slow[i] < cfg.min_slowdown)):
                     continue
                 st = job.ranks[r]
-                reason = hw.get(st.node)
+                reason = hw().get(st.node)
                 hardware = reason is not None
                 action = Action.REPLACE_NODE if hardware and slow[i] >= cfg.replace_slowdown else Action.NOTIFY
                 fields = {"slowdown": f"{slow[i]:.3f}", "z": f"{z[i]:.1f}", "window_steps": str(int(n[i])),
@@ -262,7 +273,7 @@ class StragglerDetector:
         result: np.ndarray = ((med - center) / se >= cfg.noise_z) & (above >= cfg.above_fraction)
         return result
 
-    def _score_lags(self, name: str, job: JobState, now: float, hw: dict[str, str]) -> list[Finding]:
+    def _score_lags(self, name: str, job: JobState, now: float, hw: Callable[[], dict[str, str]]) -> list[Finding]:
         """Ranks of a lock-stepped job that report every step late.
 
         In synchronous data parallelism every rank's step takes the same wall time (all wait in
@@ -275,11 +286,18 @@ class StragglerDetector:
         ranks = [r for r, st in job.ranks.items() if r >= 0 and not st.has_phases]
         if len(ranks) < cfg.min_ranks:
             return []
-        seen = [dict(job.ranks[r].arrivals) for r in ranks]
-        steps = sorted(set.intersection(*(set(d) for d in seen)))[-cfg.window:]
+        arrivals = [job.ranks[r].arrivals for r in ranks]
+        key = (job.run, tuple(ranks))
+        last = self._lag_mark.get(name)
+        if cfg.persistence_in_steps and all(arrivals) and last is not None and last[0] == key \
+                and last[1][-1] == min(a[-1][0] for a in arrivals):
+            # Counted in common steps, the episodes move only when the newest step every rank reported does: until
+            # the last rank reports it, a job whose other ranks stepped is not scored again.
+            return []
+        steps, at = common_arrivals(arrivals, cfg.window, last[1:] if last is not None and last[0] == key else None)
+        self._lag_mark[name] = (key, steps, at) if steps else None
         if len(steps) < cfg.min_samples:
             return []
-        at = np.array([[d[k] for k in steps] for d in seen])
         first = at.min(axis=0)
         med = np.median(at - first, axis=1)
         excess = med - float(np.median(med))
@@ -293,7 +311,7 @@ class StragglerDetector:
                 continue
             st = job.ranks[r]
             slow = period / max(period - excess[i], 1e-3)
-            reason = hw.get(st.node)
+            reason = hw().get(st.node)
             fields = {"slowdown": f"{slow:.3f}", "window_steps": str(len(steps)), "basis": "arrival_lag",
                       "lag_s": f"{excess[i]:.4f}", "period_s": f"{period:.4f}", "step": str(st.last_step)}
             if reason:
@@ -435,3 +453,36 @@ def _pooled(parts: list[tuple[int, float, float, float]]) -> tuple[int, float, f
         return float(max(sum(p[0] * (p[k] ** 2 + p[1] ** 2) for p in parts) / steps - mean * mean, 0.0) ** 0.5)
 
     return steps, mean, sd(2), sd(3)
+
+
+def common_arrivals(arrivals: Sequence[deque[tuple[int, float]]], window: int,
+                    prior: tuple[list[int], np.ndarray] | None = None) -> tuple[list[int], np.ndarray]:
+    """The newest `window` steps every rank reported (oldest first), and when each rank reported each (a row a rank).
+
+    Each rank's arrivals are in rising step order. Lock-stepped ranks hold the same run of consecutive steps, a
+    rank at most a few steps ahead: then the common steps are the run up to the lowest rank's newest step, read
+    from each rank's newest entries without a set or dict per rank (a 512-rank job's score was most of an
+    evaluation). Otherwise, the steps every rank holds are intersected. `prior`: this function's answer for the
+    same ranks earlier; a step's arrival time never changes, so only the steps since are read.
+    """
+    if not arrivals or not all(arrivals):
+        return [], np.empty((len(arrivals), 0))
+    upper = min(a[-1][0] for a in arrivals)
+    # Entries above `upper`, when each rank's steps past it are consecutive; checked below.
+    extra = [a[-1][0] - upper for a in arrivals]
+    w = min(window, min(len(a) - x for a, x in zip(arrivals, extra, strict=True)))
+    if w > 0 and all(a[len(a) - x - 1][0] == upper and a[len(a) - x - w][0] == upper - w + 1
+                     for a, x in zip(arrivals, extra, strict=True)):
+        # Rising whole steps: w entries from upper - w + 1 to upper are every step between, on every rank.
+        lo = upper - w + 1
+        if prior is not None and prior[0] and prior[0][-1] - prior[0][0] == len(prior[0]) - 1 \
+                and prior[0][0] <= lo and lo - 1 <= prior[0][-1] <= upper:
+            d = upper - prior[0][-1]  # steps since: read from each rank's entries below its `extra`
+            new = [[t for _, t in islice(a, len(a) - x - d, len(a) - x)] for a, x in zip(arrivals, extra, strict=True)]
+            at = np.hstack([prior[1][:, lo - prior[0][0]:], np.array(new, dtype=np.float64).reshape(len(arrivals), d)])
+            return list(range(lo, upper + 1)), at
+        rows = [[t for _, t in islice(a, len(a) - x - w, len(a) - x)] for a, x in zip(arrivals, extra, strict=True)]
+        return list(range(upper - w + 1, upper + 1)), np.array(rows, dtype=np.float64)
+    seen = [dict(a) for a in arrivals]
+    steps = sorted(set.intersection(*(set(d) for d in seen)))[-window:]
+    return steps, np.array([[d[k] for k in steps] for d in seen], dtype=np.float64).reshape(len(seen), len(steps))
