@@ -19,6 +19,15 @@ files). Then the finding is held, up to `hold_k` x the threshold, and re-judged 
 newer stacks; a stopped rank, every rank in a collective, or a rank elsewhere
 while the others wait confirms at once. No stacks in time: judged as before.
 
+A job with fewer than `min_steps` progress reports (a Trainer logging every 10 steps that
+hangs before step 30, a trainer logging every 100 steps) has little pace to go by: its
+threshold comes from what is there (the one or two intervals seen, else the step time the
+first report printed, else the floor), and
+its stall is called there only when stacks taken in it confirm it (every rank answered,
+and a stopped rank, every rank in a collective, or a rank stuck elsewhere while the others
+wait: ``confirmed``). Without that, it is called at `first_steps_timeout_s`, a long but
+finite bound (start-up and the first steps of a healthy job are slow).
+
 Time comes in as ``now``; nothing here reads a clock.
 """
 
@@ -75,6 +84,8 @@ class HangConfig:
     """A second look (stacks) is asked for at this fraction of the threshold."""
     hold_k: float = 4.0
     """Stacks that show the stalled ranks busy (not stuck) hold the finding at most this many thresholds."""
+    first_steps_timeout_s: float = 600.0
+    """A job with fewer than `min_steps` reports whose stall no stacks confirm is called hung after this long."""
 
 
 class HangDetector:
@@ -89,6 +100,8 @@ class HangDetector:
         self._held: dict[str, tuple[int, float, str]] = {}
         self.exonerate: Callable[[str, float], str | None] = lambda job, since: None
         """For a job silent since a time: why its freshest stacks show it slow, not stuck (None: they don't)."""
+        self.confirmed: Callable[[str, float], bool] = lambda job, since: False
+        """For a job silent since a time: whether stacks of every rank, taken since, show it stuck."""
 
     def forget(self, job: str) -> None:
         """Drop what is kept about a job that left the book."""
@@ -101,12 +114,20 @@ class HangDetector:
         if old in self._reported and new not in self._reported:
             self._reported[new] = self._reported[old]
 
+    def early(self, job: JobState) -> bool:
+        """Too few reports to know the job's pace: its stall is called early only when stacks confirm it."""
+        return job.steps_seen < self.config.min_steps and not (job.cadence_known and job.steps_seen)
+
     def threshold(self, job: JobState) -> float | None:
-        """Seconds without progress that make a hang for this job; None while history is too short."""
+        """Seconds without progress that make a hang for this job (for an `early` one: when stacks confirm it);
+        None before its first report."""
         cfg = self.config
-        if not job.intervals or (job.steps_seen < cfg.min_steps and not (job.cadence_known and job.steps_seen)):
+        if not job.steps_seen:
             return None
-        gaps = list(job.intervals)
+        # One report per rank: no interval yet, but the step time it printed is the least the next one takes.
+        gaps = list(job.intervals) or list(job.step_times)
+        if not gaps:
+            return min(cfg.floor_s, cfg.target_floor_s - cfg.slack_s)
         med = statistics.median(gaps)
         spread = 1.4826 * statistics.median(abs(g - med) for g in gaps)
         cap = max(cfg.target_k * med, cfg.target_floor_s) - cfg.slack_s
@@ -179,14 +200,18 @@ class HangDetector:
         if self._reported.get(name) == (job.run, newest):
             return None
         exited = sorted(r for r, st in job.ranks.items() if r >= 0 and st.exited_at is not None)
+        early = self.early(job)
         if not exited and now - newest < self.config.hold_k * thr:
             why = self.exonerate(name, newest)
             if why is not None:
                 self._held[name] = (job.run, newest, why)
                 return None
+        if early and not exited and now - newest < max(self.config.first_steps_timeout_s, self.config.hold_k * thr) \
+                and not self.confirmed(name, newest):
+            return None  # too few reports to call a silence without stacks that show the job stuck
         held = self._held.pop(name, None)
         self._reported[name] = (job.run, newest)
-        interval = statistics.median(job.intervals)
+        interval = statistics.median(job.intervals) if job.intervals else 0.0
         behind = self._behind(job)
         fields = {
             "stalled_s": f"{now - newest:.1f}", "threshold_s": f"{thr:.1f}",
@@ -195,6 +220,8 @@ class HangDetector:
         }
         if job.step_times:
             fields["median_step_s"] = f"{statistics.median(job.step_times):.3f}"
+        if early:
+            fields["reports"] = str(job.steps_seen)
         culprit: tuple[int, RankState] | None = None
         gpu_node: str | None = None
         if held is not None and held[:2] == (job.run, newest):
