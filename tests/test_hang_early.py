@@ -133,3 +133,80 @@ def test_a_job_that_reported_three_times_is_judged_as_before() -> None:
     got = first_hang(suite, last + 1.0, last + 60.0)  # no stacks: called at the threshold
     assert got is not None and got[0] - last <= TARGET_S - 2.0
     assert "reports" not in got[1].fields
+
+
+# -- a job that hangs before its first progress line: known by its ranks' processes (the agent's ``start``) -------
+
+LOADING = dump("_load (datasets/arrow_reader.py:210)", "load_dataset (datasets/load.py:2150)", "main (train.py:20)")
+COMPILING = dump("compile_fx (torch/_inductor/compile_fx.py:1200)", "__call__ (torch/_dynamo/eval_frame.py:450)",
+                 "main (train.py:31)")
+
+
+def started(suite: DetectorSuite, ts: float = 100.0) -> float:
+    evs = [ProgressEvent("gpt", r, "n0", ts, ProgressKind.START, 0) for r in range(WORLD)]
+    suite.observe_digest(evs, [], ts)
+    return ts
+
+
+def test_a_rank_stopped_before_the_first_progress_line_is_a_hang_at_the_first_look() -> None:
+    suite = DetectorSuite()
+    t0 = started(suite)
+    assert not suite.suspects(t0 + 14.0) and suite.suspects(t0 + 15.0) == [("gpt", ["n0"], t0)]
+    look(suite, t0 + 16.0, {1: FORWARD}, stopped=1)  # rank 1 stopped, rank 0 in its first all-reduce
+    got = first_hang(suite, t0 + 1.0, t0 + 120.0)
+    assert got is not None and got[0] - t0 == pytest.approx(HangConfig().first_look_s, abs=1.01)
+    assert got[1].fields["reports"] == "0" and "before its first step" in got[1].message
+
+
+def test_start_up_whose_stacks_keep_moving_is_never_called() -> None:
+    suite = DetectorSuite(hang=HangConfig(first_steps_timeout_s=120.0))
+    t0 = started(suite)
+    t, found = t0, []
+    while t < t0 + 600.0:
+        if round(t - t0) % 15 == 0 and t - t0 >= 15:
+            look(suite, t, {r: LOADING if round(t - t0) % 30 else COMPILING for r in range(WORLD)})
+        found += [f for f in suite.evaluate(t) if f.fault_class is FaultClass.HANG]
+        t += 1.0
+    assert found == []
+
+
+def test_before_the_first_progress_line_no_stack_at_all_calls_nothing() -> None:
+    # An agent without py-spy, or a job whose progress lines no rule reads: its silence says nothing.
+    suite = DetectorSuite(hang=HangConfig(first_steps_timeout_s=120.0))
+    t0 = started(suite)
+    assert first_hang(suite, t0 + 1.0, t0 + 900.0) is None
+
+
+def test_every_rank_in_its_first_collective_for_good_is_called_at_the_long_bound() -> None:
+    suite = DetectorSuite(hang=HangConfig(first_steps_timeout_s=120.0))
+    t0 = started(suite)
+    t, got = t0, None
+    while got is None and t < t0 + 600.0:
+        if round(t - t0) % 15 == 0 and t - t0 >= 15:
+            look(suite, t, {})
+        got = next((f for f in suite.evaluate(t) if f.rule_id == "hang-detector"), None)
+        t += 1.0
+    assert got is not None and 120.0 <= t - 1.0 - t0 <= 121.0
+
+
+def test_processes_that_end_or_report_before_the_look_raise_nothing() -> None:
+    suite = DetectorSuite()
+    t0 = started(suite)
+    suite.observe_digest([ProgressEvent("gpt", r, "n0", t0 + 5.0, ProgressKind.EXIT, 0) for r in range(WORLD)], [],
+                         t0 + 5.0)
+    look(suite, t0 + 16.0, {1: FORWARD}, stopped=1)
+    assert first_hang(suite, t0 + 1.0, t0 + 900.0) is None
+    suite = DetectorSuite()
+    t0 = started(suite)
+    last = reports(suite, 3, every_s=0.5)  # from t=100: reports at 100.0-101.0, a job stepping along
+    assert first_hang(suite, t0 + 1.0, last + 12.0) is None
+
+
+def test_before_the_first_progress_line_a_rank_elsewhere_while_the_others_wait_is_no_hang_at_the_first_look() -> None:
+    # Rank 0 at the start-up barrier, rank 1 waiting on its compile workers: the same picture at every look.
+    suite = DetectorSuite(hang=HangConfig(first_steps_timeout_s=120.0))
+    t0 = started(suite)
+    look(suite, t0 + 16.0, {1: COMPILING})
+    look(suite, t0 + 23.0, {1: COMPILING})
+    got = first_hang(suite, t0 + 1.0, t0 + 300.0)
+    assert got is not None and got[0] - t0 >= 120.0

@@ -97,5 +97,6 @@ def test_hf_trainer_stopped_before_its_third_loss_dict_is_a_hang_within_the_targ
     hangs = _of(incs, "hang")
     assert hangs, job.output()
     assert hangs[0]["root_cause"]["job"] == f"gpt2-early{after}" and dicts == after // 10
+    print(f"hang after {dicts} loss dict(s): incident {found - last:.1f} s after the last one")
     assert found - last <= HANG_TARGET_S + 1.0, found - last
     assert _of(incs, "straggler") == []

@@ -86,6 +86,9 @@ class HangConfig:
     """Stacks that show the stalled ranks busy (not stuck) hold the finding at most this many thresholds."""
     first_steps_timeout_s: float = 600.0
     """A job with fewer than `min_steps` reports whose stall no stacks confirm is called hung after this long."""
+    first_look_s: float = 30.0
+    """A job whose processes run but that printed no progress yet is its threshold this long after it started
+    (stacks are asked for at `suspect_fraction` of it): called there when stacks confirm it."""
 
 
 class HangDetector:
@@ -100,8 +103,9 @@ class HangDetector:
         self._held: dict[str, tuple[int, float, str]] = {}
         self.exonerate: Callable[[str, float], str | None] = lambda job, since: None
         """For a job silent since a time: why its freshest stacks show it slow, not stuck (None: they don't)."""
-        self.confirmed: Callable[[str, float], bool] = lambda job, since: False
-        """For a job silent since a time: whether stacks of every rank, taken since, show it stuck."""
+        self.confirmed: Callable[[str, float], bool | None] = lambda job, since: None
+        """For a job silent since a time: whether stacks of every rank, taken since, show it stuck (None: no stack
+        of it was taken since)."""
 
     def forget(self, job: str) -> None:
         """Drop what is kept about a job that left the book."""
@@ -123,7 +127,7 @@ class HangDetector:
         None before its first report."""
         cfg = self.config
         if not job.steps_seen:
-            return None
+            return cfg.first_look_s if job.started else None
         # One report per rank: no interval yet, but the step time it printed is the least the next one takes.
         gaps = list(job.intervals) or list(job.step_times)
         if not gaps:
@@ -139,9 +143,9 @@ class HangDetector:
         out = []
         for name, job in self.book.jobs.items():
             thr = self.threshold(job)
-            if thr is None or job.finished or not job.ranks or self._paused(job, now):
+            if thr is None or job.finished or not (job.ranks or job.started) or self._paused(job, now):
                 continue
-            newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
+            newest = job.newest
             if now - newest >= self.config.suspect_fraction * thr:
                 out.append((name, newest))
         return out
@@ -152,9 +156,9 @@ class HangDetector:
         job's have moved), then one more every half threshold while stacks hold the finding."""
         job = self.book.jobs.get(name)
         thr = self.threshold(job) if job is not None else None
-        if job is None or thr is None or not job.ranks:
+        if job is None or thr is None or not (job.ranks or job.started):
             return 0
-        newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
+        newest = job.newest
         held = self._held.get(name)
         if held is not None and held[:2] == (job.run, newest):
             return 2 + int(max(now - newest - thr, 0.0) // (0.5 * thr))
@@ -164,9 +168,9 @@ class HangDetector:
         """For evidence taken at `since`: True once the stall it was taken in is called a hang, False when the
         job progressed (or ended) after it, None while undecided."""
         job = self.book.jobs.get(name)
-        if job is None or job.finished or not job.ranks:
+        if job is None or job.finished or not (job.ranks or job.started):
             return False
-        newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
+        newest = job.newest
         if newest > since:
             return False
         return True if self._reported.get(name) == (job.run, newest) else None
@@ -184,7 +188,7 @@ class HangDetector:
         return out
 
     def _judge(self, name: str, job: JobState, now: float) -> Finding | None:
-        if job.finished or not job.ranks:
+        if job.finished or not (job.ranks or job.started):
             return None
         if self._paused(job, now):
             return None
@@ -192,7 +196,7 @@ class HangDetector:
         if thr is None:
             return None
         last = {r: max(s.heard_ts, job.resume_ts) for r, s in job.ranks.items()}
-        newest = max(last.values())
+        newest = job.newest
         if now - newest < thr:
             self._reported.pop(name, None)  # progressing: a later stall is a new episode
             self._held.pop(name, None)
@@ -201,14 +205,22 @@ class HangDetector:
             return None
         exited = sorted(r for r, st in job.ranks.items() if r >= 0 and st.exited_at is not None)
         early = self.early(job)
-        if not exited and now - newest < self.config.hold_k * thr:
-            why = self.exonerate(name, newest)
+        bound = self.config.hold_k * thr
+        if early:
+            bound = max(self.config.first_steps_timeout_s, bound)
+        if not exited and (now - newest < bound or not job.steps_seen):
+            # Before its first report a job is in start-up (loading, compiling) for as long as its recent stacks
+            # show it running: those of the last two thresholds (looks come every half threshold while held).
+            why = self.exonerate(name, newest if now - newest < bound else max(newest, now - 2 * thr))
             if why is not None:
                 self._held[name] = (job.run, newest, why)
                 return None
-        if early and not exited and now - newest < max(self.config.first_steps_timeout_s, self.config.hold_k * thr) \
-                and not self.confirmed(name, newest):
-            return None  # too few reports to call a silence without stacks that show the job stuck
+        if early and not exited:
+            stuck = self.confirmed(name, newest)
+            if not stuck and (now - newest < bound or (stuck is None and not job.steps_seen)):
+                # Too few reports to call a silence without stacks that show the job stuck; before the first
+                # report, not without any stack at all (a job whose lines no progress rule reads is no hang).
+                return None
         held = self._held.pop(name, None)
         self._reported[name] = (job.run, newest)
         interval = statistics.median(job.intervals) if job.intervals else 0.0
@@ -216,7 +228,7 @@ class HangDetector:
         fields = {
             "stalled_s": f"{now - newest:.1f}", "threshold_s": f"{thr:.1f}",
             "median_interval_s": f"{interval:.3f}", "last_step": str(job.max_step),
-            "ranks": str(sum(1 for r in job.ranks if r >= 0)),
+            "ranks": str(sum(1 for r in job.ranks if r >= 0) or len(job.started)),
         }
         if job.step_times:
             fields["median_step_s"] = f"{statistics.median(job.step_times):.3f}"
@@ -265,6 +277,9 @@ class HangDetector:
             where = job_location(name, node=gpu_node)
             msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s) with GPUs busy "
                    f"in a collective; {gpu_node} has an idle GPU")
+        elif not job.steps_seen:
+            msg = (f"job {name}: no progress line {now - newest:.0f} s after its {len(job.started)} rank process(es) "
+                   f"started (threshold {thr:.0f} s); it hangs before its first step")
         else:
             msg = (f"job {name}: every rank stalled at step {job.max_step} for {now - newest:.0f} s "
                    f"(threshold {thr:.0f} s); a collective never completed")

@@ -110,19 +110,26 @@ class DetectorSuite:
     def _exonerate(self, job: str, since: float) -> str | None:
         """Why the stacks taken since the job's last progress show it slow rather than hung (None: they don't)."""
         state = self.book.jobs.get(job)
-        ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
+        ranks = (sum(1 for r in state.ranks if r >= 0) or len(state.started)) if state else 0
         return exoneration(self.stacks.fresh(job, since), ranks, self.stacks.earlier(job, since))
 
-    def _confirmed(self, job: str, since: float) -> bool:
+    def _confirmed(self, job: str, since: float) -> bool | None:
         """Whether stacks taken since the job's last progress show it stuck: every rank answered, and a process is
-        stopped, or two looks found the job where it was and in a hang's shape (``exoneration``: none)."""
+        stopped, or two looks found the job where it was and in a hang's shape (``exoneration``: none); None when
+        no stack of it was taken since."""
         state = self.book.jobs.get(job)
-        ranks = max(sum(1 for r in state.ranks if r >= 0), 1) if state else 1
+        ranks = max(sum(1 for r in state.ranks if r >= 0) or len(state.started), 1) if state else 1
         fresh = self.stacks.fresh(job, since)
+        if not fresh:
+            return None
         if len(fresh) < ranks:
             return False
         if any(s.stopped for s in fresh.values()):
             return True
+        if state is None or not state.steps_seen:
+            # Start-up has ranks waiting at a barrier for one still importing or compiling (a compile's wait loop
+            # does not move): before the first report only a stopped process is a hang at the first look.
+            return False
         earlier = self.stacks.earlier(job, since)
         if len(earlier) < ranks or exoneration(fresh, ranks, earlier) is not None:
             return False
