@@ -97,6 +97,7 @@ def test_hf_trainer_stopped_before_its_third_loss_dict_is_a_hang_within_the_targ
     hangs = _of(incs, "hang")
     assert hangs, job.output()
     assert hangs[0]["root_cause"]["job"] == f"gpt2-early{after}" and dicts == after // 10
-    print(f"hang after {dicts} loss dict(s): incident {found - last:.1f} s after the last one")
+    called = [f["fields"] for f in hangs[0].get("findings", []) if f.get("rule_id") == "hang-detector"]
+    print(f"hang after {dicts} loss dict(s): incident {found - last:.1f} s after the last one; called {called}")
     assert found - last <= HANG_TARGET_S + 1.0, found - last
     assert _of(incs, "straggler") == []
