@@ -1,7 +1,7 @@
 """The start and end of training processes, seen in the host's ``/proc``: a job whose processes are gone has finished.
 
-Each rank process seen for the first time is told too (a ``start`` sample, under the job name its pod's lines
-carry): a job that hangs before it prints its first progress line is known to the service only by these.
+Each rank process of a known pod seen for the first time is told too (a ``start`` sample, under the job name its
+pod's lines carry): a job that hangs before it prints its first progress line is known to the service only by these.
 
 A container that exits leaves its log file as it was: the runtime writes no last line, and
 the pod's log directory stays until the pod is deleted. Off the cluster's API, the one thing
@@ -104,8 +104,9 @@ class ProcessExitSource:
                                       ts, ProgressSample(job, seen.rank, 0, event="exit",
                                                                      namespace=seen.namespace)))
         for (pid, started), seen in current.items():
-            if (pid, started) not in self._running:
+            if (pid, started) not in self._running and seen.namespace is not None:
                 # Under the name its pod's lines carry (the first): the job exists before its first progress line.
+                # A process in no known pod is not told: its names (torchrun's run id) may be no name its lines use.
                 signals.append(Signal(f"{self.node}/process/{pid}/{started}/start/{seen.names[0]}", self.node,
                                       Source.PROGRESS, ts, ProgressSample(seen.names[0], seen.rank, 0, event="start",
                                                                           namespace=seen.namespace)))
