@@ -16,7 +16,8 @@ from analyzer.progress_rules import Extracted, ProgressKind, ProgressRule
 from collector.identity import line_rank, strip_rank_prefix
 from collector.signal import LogLine, ProgressSample, Signal
 
-_KINDS = {"step": ProgressKind.STEP, "end": ProgressKind.END, "exit": ProgressKind.EXIT}
+_KINDS = {"step": ProgressKind.STEP, "end": ProgressKind.END, "exit": ProgressKind.EXIT,
+          "start": ProgressKind.START}
 """A progress sample's event to the event kind."""
 
 

@@ -33,6 +33,8 @@ class ProgressKind(StrEnum):
     """The run finished (the trainer's end-of-training line, the hook's ``finish()``): silence is no hang."""
     EXIT = "exit"
     """The rank's container is gone (reported by the collector, never matched by a rule)."""
+    START = "start"
+    """The rank's process was seen running (reported by the collector, never matched by a rule)."""
 
 
 GROUPS = frozenset({"step", "total", "step_time_ms", "step_time_s", "s_per_it", "it_per_s", "rank", "epoch", "tps"})

@@ -64,7 +64,8 @@ class ProgressSample:
     phases: Mapping[str, float] = field(default_factory=dict)
     """Optional per-phase seconds (forward, backward, optimizer, comm_wait)."""
     event: str = "step"
-    """``step`` (`step` finished), ``end`` (the run finished) or ``exit`` (the rank's container is gone)."""
+    """``step`` (`step` finished), ``end`` (the run finished), ``exit`` (the rank's container is gone) or ``start``
+    (the rank's process was seen running: the job exists before its first progress line)."""
     world_size: int | None = None
     """Ranks in the run (torchrun's ``WORLD_SIZE``), when the reporter knows it: a change is a new run."""
     namespace: str | None = None

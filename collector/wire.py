@@ -56,7 +56,7 @@ class ProgressPayload(_Strict):
     step: int = Field(ge=0)
     step_time: float | None = Field(default=None, ge=0)
     phases: dict[Text, float] = Field(default_factory=dict, max_length=64)
-    event: Literal["step", "end", "exit"] = "step"
+    event: Literal["step", "end", "exit", "start"] = "step"
     world_size: int | None = Field(default=None, ge=1, le=1_000_000)
     namespace: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[^\x00/]+$")] | None = None
     """The job's namespace (part of its identity); older agents send none."""

@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     hang_floor_s: float = Field(13.0, description="... and at least this many seconds")
     hang_hold_k: float = Field(4.0, ge=1.0, description="stacks showing the stalled ranks busy hold a hang finding "
                                                         "at most this many thresholds (1: never)")
+    hang_first_steps_timeout_s: float = Field(600.0, gt=0, description=(
+        "a job with fewer than three progress reports is called hung at its threshold only when stack dumps "
+        "confirm it; otherwise after this many seconds without progress"))
     straggler_min_slowdown: float = Field(1.05, description="slowdown factor a straggler must reach")
     straggler_persistence: int = Field(3, description="consecutive steps a straggler must stay slow")
     flight_recorder_settle_s: float = Field(10.0, description="judge a job's dumps once none arrived for this long")

@@ -177,9 +177,12 @@ def test_a_job_whose_processes_ended_is_finished_not_hung(tmp_path: Path, spawn:
     src = ProcessExitSource(node="node-0", finder=ProcessFinder(pods_root=tmp_path), clock=lambda: clock[0],
                             interval_s=0.0)
     _mine(src.finder, {p.pid for p in procs})
-    assert src.poll().signals == []  # running: nothing to say
+    started = src.poll().signals  # each rank's process seen running: a job before its first line
+    assert sorted((x.payload.job, x.payload.rank, x.payload.event) for x in started
+                  if isinstance(x.payload, ProgressSample)) == [("ddp", 0, "start"), ("ddp", 1, "start")]
+    assert src.poll().signals == []  # running: nothing more to say
     an = Analyzer(load_rules([default_rules_dir()]), correlator=Correlator(), detectors=DetectorSuite(PROGRESS))
-    found = []
+    found = an.process(started)[0]
     for s in range(1, 41):
         clock[0] += 0.2
         batch = [Signal(f"node-0/container/ddp-{r}/{s}", "node-0", Source.CONTAINER, clock[0],

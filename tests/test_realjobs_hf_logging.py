@@ -79,3 +79,25 @@ def test_hf_trainer_logging_every_10_steps_blocked_rank_is_a_hang_within_the_tar
     assert hang["root_cause"]["job"] == "gpt2-log10-hang" and dicts >= 140
     assert found - last <= HANG_TARGET_S + 1.0, found - last
     assert _of(incs, "straggler") == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("after", [15, 25])
+def test_hf_trainer_stopped_before_its_third_loss_dict_is_a_hang_within_the_target(kmend: Kmend, after: int) -> None:
+    # Rank 1 stops in step 16 (one loss dict printed, at step 10) or step 26 (two: 10 and 20): too few reports to
+    # know the job's pace, so the hang is called when the stacks the agent takes in the silence show it stuck.
+    fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": str(after)}
+    job = Job(kmend.pods, f"gpt2-early{after}", "hf_trainer.py", steps=100_000, world=2, fault=fault, args=LOGGING)
+    try:
+        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 90)
+        found = time.time()
+        _, dicts, last = _last_progress(job)
+    finally:
+        job.stop()
+    hangs = _of(incs, "hang")
+    assert hangs, job.output()
+    assert hangs[0]["root_cause"]["job"] == f"gpt2-early{after}" and dicts == after // 10
+    called = [f["fields"] for f in hangs[0].get("findings", []) if f.get("rule_id") == "hang-detector"]
+    print(f"hang after {dicts} loss dict(s): incident {found - last:.1f} s after the last one; called {called}")
+    assert found - last <= HANG_TARGET_S + 1.0, found - last
+    assert _of(incs, "straggler") == []

@@ -121,6 +121,17 @@ class JobState:
     """`intervals` were carried over from the run before a restart (the same job steps at the same pace)."""
     world_size: int | None = None
     """Ranks in the run, as its reporters said (None when no one said)."""
+    started: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """Ranks whose processes were seen running before the job's first report: (node, when), until a step or its
+    exit (a job that hangs before its first progress line is known only by these)."""
+
+    @property
+    def newest(self) -> float:
+        """When the job last showed any sign of progress (a report, the end of a pause; no report: its start)."""
+        heard = max((r.heard_ts for r in self.ranks.values()), default=0.0)
+        if not self.ranks and self.started:
+            heard = max(ts for _, ts in self.started.values())
+        return max(heard, self.resume_ts)
 
     @property
     def finished(self) -> bool:
@@ -149,6 +160,9 @@ class JobBook:
         """Fold one progress event in (idempotent for repeated or older steps)."""
         if ev.namespace and ev.job in self.jobs and _runs_on(self.jobs[ev.job], ev.node):
             self._adopt(ev.job, f"{ev.namespace}/{ev.job}")
+        if ev.kind is ProgressKind.START:
+            self._start(ev)
+            return
         if ev.kind is ProgressKind.EXIT:
             # A process or container of a job that reported no progress here is no job to keep.
             if (known := self.jobs.get(self.key_for(ev.namespace, ev.job, node=ev.node))) is not None:
@@ -199,6 +213,7 @@ class JobBook:
             return
         if ev.step is None:
             return
+        job.started.clear()  # reports from now on
         if job.ended_by_exits and ev.rank not in job.ranks:
             job.ended_at, job.ended_by_exits = None, False  # a rank not heard of when the others exited
         rank = job.ranks.get(ev.rank)
@@ -244,8 +259,23 @@ class JobBook:
         if seen is None and job in self.jobs and _runs_on(self.jobs[job], node):
             self._adopt(job, f"{namespace}/{job}")
 
+    def _start(self, ev: ProgressEvent) -> None:
+        """A rank's process seen running: a job not heard of yet is kept as started, so that a hang before its
+        first progress line is judged (a job already reporting, or over, is left as it is)."""
+        key = f"{ev.namespace}/{ev.job}" if ev.namespace else self.key_for(None, ev.job, node=ev.node)
+        job = self.jobs.get(key)
+        if job is None:
+            job = self.jobs[key] = JobState()
+            if key != ev.job:
+                self._namespaced.setdefault(ev.job, set()).add(key)
+        if job.ranks or job.ended_at is not None:
+            return
+        job.started.setdefault(ev.rank, (ev.node, ev.ts))
+
     @staticmethod
     def _exit(job: JobState, ev: ProgressEvent) -> None:
+        if job.started.pop(ev.rank, None) is not None and not job.started and not job.ranks:
+            job.ended_at, job.ended_by_exits = ev.ts, True  # every process that started ended before a report
         rank = job.ranks.get(ev.rank)
         if rank is None:
             return
@@ -304,7 +334,7 @@ class JobBook:
     def nodes_of(self, job: str) -> set[str]:
         """Nodes the job's ranks run on."""
         state = self.jobs.get(job)
-        return {r.node for r in state.ranks.values()} if state else set()
+        return {r.node for r in state.ranks.values()} | {n for n, _ in state.started.values()} if state else set()
 
     def key_for(self, namespace: str | None, job: str, *, node: str | None = None) -> str:
         """The key `job` is kept under: ``namespace/job``, or the bare name when no namespace is known.
@@ -367,8 +397,7 @@ class JobBook:
 
     def expire(self, now: float, idle_s: float) -> list[str]:
         """Drop jobs with no progress for `idle_s` (finished, deleted or long dead); returns their names."""
-        gone = [name for name, job in self.jobs.items()
-                if job.ranks and now - max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts) > idle_s]
+        gone = [name for name, job in self.jobs.items() if (job.ranks or job.started) and now - job.newest > idle_s]
         for name in gone:
             del self.jobs[name]
             self._unindex(name)

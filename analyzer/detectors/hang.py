@@ -19,6 +19,15 @@ files). Then the finding is held, up to `hold_k` x the threshold, and re-judged 
 newer stacks; a stopped rank, every rank in a collective, or a rank elsewhere
 while the others wait confirms at once. No stacks in time: judged as before.
 
+A job with fewer than `min_steps` progress reports (a Trainer logging every 10 steps that
+hangs before step 30, a trainer logging every 100 steps) has little pace to go by: its
+threshold comes from what is there (the one or two intervals seen, else the step time the
+first report printed, else the floor), and
+its stall is called there only when stacks taken in it confirm it (every rank answered,
+and a stopped rank, every rank in a collective, or a rank stuck elsewhere while the others
+wait: ``confirmed``). Without that, it is called at `first_steps_timeout_s`, a long but
+finite bound (start-up and the first steps of a healthy job are slow).
+
 Time comes in as ``now``; nothing here reads a clock.
 """
 
@@ -75,6 +84,11 @@ class HangConfig:
     """A second look (stacks) is asked for at this fraction of the threshold."""
     hold_k: float = 4.0
     """Stacks that show the stalled ranks busy (not stuck) hold the finding at most this many thresholds."""
+    first_steps_timeout_s: float = 600.0
+    """A job with fewer than `min_steps` reports whose stall no stacks confirm is called hung after this long."""
+    first_look_s: float = 30.0
+    """A job whose processes run but that printed no progress yet is its threshold this long after it started
+    (stacks are asked for at `suspect_fraction` of it): called there when stacks confirm it."""
 
 
 class HangDetector:
@@ -89,6 +103,9 @@ class HangDetector:
         self._held: dict[str, tuple[int, float, str]] = {}
         self.exonerate: Callable[[str, float], str | None] = lambda job, since: None
         """For a job silent since a time: why its freshest stacks show it slow, not stuck (None: they don't)."""
+        self.confirmed: Callable[[str, float], bool | None] = lambda job, since: None
+        """For a job silent since a time: whether stacks of every rank, taken since, show it stuck (None: no stack
+        of it was taken since)."""
 
     def forget(self, job: str) -> None:
         """Drop what is kept about a job that left the book."""
@@ -101,12 +118,20 @@ class HangDetector:
         if old in self._reported and new not in self._reported:
             self._reported[new] = self._reported[old]
 
+    def early(self, job: JobState) -> bool:
+        """Too few reports to know the job's pace: its stall is called early only when stacks confirm it."""
+        return job.steps_seen < self.config.min_steps and not (job.cadence_known and job.steps_seen)
+
     def threshold(self, job: JobState) -> float | None:
-        """Seconds without progress that make a hang for this job; None while history is too short."""
+        """Seconds without progress that make a hang for this job (for an `early` one: when stacks confirm it);
+        None before its first report."""
         cfg = self.config
-        if not job.intervals or (job.steps_seen < cfg.min_steps and not (job.cadence_known and job.steps_seen)):
-            return None
-        gaps = list(job.intervals)
+        if not job.steps_seen:
+            return cfg.first_look_s if job.started else None
+        # One report per rank: no interval yet, but the step time it printed is the least the next one takes.
+        gaps = list(job.intervals) or list(job.step_times)
+        if not gaps:
+            return min(cfg.floor_s, cfg.target_floor_s - cfg.slack_s)
         med = statistics.median(gaps)
         spread = 1.4826 * statistics.median(abs(g - med) for g in gaps)
         cap = max(cfg.target_k * med, cfg.target_floor_s) - cfg.slack_s
@@ -118,9 +143,9 @@ class HangDetector:
         out = []
         for name, job in self.book.jobs.items():
             thr = self.threshold(job)
-            if thr is None or job.finished or not job.ranks or self._paused(job, now):
+            if thr is None or job.finished or not (job.ranks or job.started) or self._paused(job, now):
                 continue
-            newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
+            newest = job.newest
             if now - newest >= self.config.suspect_fraction * thr:
                 out.append((name, newest))
         return out
@@ -131,9 +156,9 @@ class HangDetector:
         job's have moved), then one more every half threshold while stacks hold the finding."""
         job = self.book.jobs.get(name)
         thr = self.threshold(job) if job is not None else None
-        if job is None or thr is None or not job.ranks:
+        if job is None or thr is None or not (job.ranks or job.started):
             return 0
-        newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
+        newest = job.newest
         held = self._held.get(name)
         if held is not None and held[:2] == (job.run, newest):
             return 2 + int(max(now - newest - thr, 0.0) // (0.5 * thr))
@@ -143,9 +168,9 @@ class HangDetector:
         """For evidence taken at `since`: True once the stall it was taken in is called a hang, False when the
         job progressed (or ended) after it, None while undecided."""
         job = self.book.jobs.get(name)
-        if job is None or job.finished or not job.ranks:
+        if job is None or job.finished or not (job.ranks or job.started):
             return False
-        newest = max(max(r.heard_ts for r in job.ranks.values()), job.resume_ts)
+        newest = job.newest
         if newest > since:
             return False
         return True if self._reported.get(name) == (job.run, newest) else None
@@ -163,15 +188,14 @@ class HangDetector:
         return out
 
     def _judge(self, name: str, job: JobState, now: float) -> Finding | None:
-        if job.finished or not job.ranks:
+        if job.finished or not (job.ranks or job.started):
             return None
         if self._paused(job, now):
             return None
         thr = self.threshold(job)
         if thr is None:
             return None
-        # Every job is judged every evaluation: its newest report is read without a dict of every rank's.
-        newest = max(max(s.heard_ts for s in job.ranks.values()), job.resume_ts)
+        newest = job.newest  # read without a dict of every rank's: every job is judged every evaluation
         if now - newest < thr:
             self._reported.pop(name, None)  # progressing: a later stall is a new episode
             self._held.pop(name, None)
@@ -179,22 +203,36 @@ class HangDetector:
         if self._reported.get(name) == (job.run, newest):
             return None
         exited = sorted(r for r, st in job.ranks.items() if r >= 0 and st.exited_at is not None)
-        if not exited and now - newest < self.config.hold_k * thr:
-            why = self.exonerate(name, newest)
+        early = self.early(job)
+        bound = self.config.hold_k * thr
+        if early:
+            bound = max(self.config.first_steps_timeout_s, bound)
+        if not exited and (now - newest < bound or not job.steps_seen):
+            # Before its first report a job is in start-up (loading, compiling) for as long as its recent stacks
+            # show it running: those of the last two thresholds (looks come every half threshold while held).
+            why = self.exonerate(name, newest if now - newest < bound else max(newest, now - 2 * thr))
             if why is not None:
                 self._held[name] = (job.run, newest, why)
                 return None
+        if early and not exited:
+            stuck = self.confirmed(name, newest)
+            if not stuck and (now - newest < bound or (stuck is None and not job.steps_seen)):
+                # Too few reports to call a silence without stacks that show the job stuck; before the first
+                # report, not without any stack at all (a job whose lines no progress rule reads is no hang).
+                return None
         held = self._held.pop(name, None)
         self._reported[name] = (job.run, newest)
-        interval = statistics.median(job.intervals)
+        interval = statistics.median(job.intervals) if job.intervals else 0.0
         behind = self._behind(job)
         fields = {
             "stalled_s": f"{now - newest:.1f}", "threshold_s": f"{thr:.1f}",
             "median_interval_s": f"{interval:.3f}", "last_step": str(job.max_step),
-            "ranks": str(sum(1 for r in job.ranks if r >= 0)),
+            "ranks": str(sum(1 for r in job.ranks if r >= 0) or len(job.started)),
         }
         if job.step_times:
             fields["median_step_s"] = f"{statistics.median(job.step_times):.3f}"
+        if early:
+            fields["reports"] = str(job.steps_seen)
         culprit: tuple[int, RankState] | None = None
         gpu_node: str | None = None
         if held is not None and held[:2] == (job.run, newest):
@@ -238,6 +276,9 @@ class HangDetector:
             where = job_location(name, node=gpu_node)
             msg = (f"job {name} made no progress for {now - newest:.0f} s (threshold {thr:.0f} s) with GPUs busy "
                    f"in a collective; {gpu_node} has an idle GPU")
+        elif not job.steps_seen:
+            msg = (f"job {name}: no progress line {now - newest:.0f} s after its {len(job.started)} rank process(es) "
+                   f"started (threshold {thr:.0f} s); it hangs before its first step")
         else:
             msg = (f"job {name}: every rank stalled at step {job.max_step} for {now - newest:.0f} s "
                    f"(threshold {thr:.0f} s); a collective never completed")

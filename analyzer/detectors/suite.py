@@ -9,7 +9,7 @@ from typing import TypeVar
 from analyzer.detectors.book import JobBook
 from analyzer.detectors.flight_recorder import Dump, FlightRecorderDetector, RankDump, SettledJob, load_dump
 from analyzer.detectors.hang import HangConfig, HangDetector
-from analyzer.detectors.stacks import StackDetector, StackSample, exoneration
+from analyzer.detectors.stacks import StackDetector, StackSample, exoneration, main_frames, place
 from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
 from analyzer.detectors.survey import SurveyDetector
 from analyzer.detectors.witnesses import WitnessDetector
@@ -53,6 +53,7 @@ class DetectorSuite:
         self.stacks = StackDetector()
         self.survey = SurveyDetector(self.book)
         self.hang.exonerate = self._exonerate
+        self.hang.confirmed = self._confirmed
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
@@ -109,8 +110,33 @@ class DetectorSuite:
     def _exonerate(self, job: str, since: float) -> str | None:
         """Why the stacks taken since the job's last progress show it slow rather than hung (None: they don't)."""
         state = self.book.jobs.get(job)
-        ranks = sum(1 for r in state.ranks if r >= 0) if state else 0
+        ranks = (sum(1 for r in state.ranks if r >= 0) or len(state.started)) if state else 0
         return exoneration(self.stacks.fresh(job, since), ranks, self.stacks.earlier(job, since))
+
+    def _confirmed(self, job: str, since: float) -> bool | None:
+        """Whether stacks taken since the job's last progress show it stuck: every rank answered, and a process is
+        stopped, or two looks found the job where it was and in a hang's shape (``exoneration``: none); None when
+        no stack of it was taken since."""
+        state = self.book.jobs.get(job)
+        ranks = max(sum(1 for r in state.ranks if r >= 0) or len(state.started), 1) if state else 1
+        fresh = self.stacks.fresh(job, since)
+        if not fresh:
+            return None
+        if len(fresh) < ranks:
+            return False
+        if any(s.stopped for s in fresh.values()):
+            return True
+        if state is None or not state.steps_seen:
+            # Start-up has ranks waiting at a barrier for one still importing or compiling (a compile's wait loop
+            # does not move): before the first report only a stopped process is a hang at the first look.
+            return False
+        earlier = self.stacks.earlier(job, since)
+        if len(earlier) < ranks or exoneration(fresh, ranks, earlier) is not None:
+            return False
+        # Every rank in a collective, twice, is a hang only for a job whose pace is known: a first step of tens of
+        # seconds spends most of them in backward's all-reduce too. A rank stuck elsewhere is a hang either way.
+        return bool(state and (state.intervals or state.step_times)) or any(
+            place(main_frames(s.text)) != "collective" for s in fresh.values())
 
     def _key(self, job: str) -> str:
         """The book's key for a job an agent or operator named as ``namespace/job`` or by its bare name."""

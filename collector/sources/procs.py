@@ -1,4 +1,7 @@
-"""The end of training processes, seen in the host's ``/proc``: a job whose processes are gone has finished.
+"""The start and end of training processes, seen in the host's ``/proc``: a job whose processes are gone has finished.
+
+Each rank process of a known pod seen for the first time is told too (a ``start`` sample, under the job name its
+pod's lines carry): a job that hangs before it prints its first progress line is known to the service only by these.
 
 A container that exits leaves its log file as it was: the runtime writes no last line, and
 the pod's log directory stays until the pod is deleted. Off the cluster's API, the one thing
@@ -81,7 +84,8 @@ class ProcessExitSource:
         """Job names in the environment of the node's processes, at the last look."""
 
     def poll(self) -> Poll:
-        """``exit`` samples for rank processes that ended since the last look (at most every `interval_s`), and
+        """``start`` samples for rank processes seen for the first time and ``exit`` samples for those that ended
+        since the last look (at most every `interval_s`), and
         for ranks of ended pods as their step lines are read (every poll: each exit follows its rank's steps)."""
         now = self.monotonic()
         if now < self._next:
@@ -99,6 +103,13 @@ class ProcessExitSource:
                 signals.append(Signal(f"{self.node}/process/{pid}/{started}/exit/{job}", self.node, Source.PROGRESS,
                                       ts, ProgressSample(job, seen.rank, 0, event="exit",
                                                                      namespace=seen.namespace)))
+        for (pid, started), seen in current.items():
+            if (pid, started) not in self._running and seen.namespace is not None:
+                # Under the name its pod's lines carry (the first): the job exists before its first progress line.
+                # A process in no known pod is not told: its names (torchrun's run id) may be no name its lines use.
+                signals.append(Signal(f"{self.node}/process/{pid}/{started}/start/{seen.names[0]}", self.node,
+                                      Source.PROGRESS, ts, ProgressSample(seen.names[0], seen.rank, 0, event="start",
+                                                                          namespace=seen.namespace)))
         self._running = current
         signals += self._ended_pods(ts)
         return Poll(signals=signals)

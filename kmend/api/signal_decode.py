@@ -47,7 +47,7 @@ class _Progress(Struct, tag_field="kind", tag="progress", forbid_unknown_fields=
     step: Annotated[int, Meta(ge=0)]
     step_time: Annotated[float, Meta(ge=0, le=_MAX)] | None = None
     phases: Annotated[dict[str, Finite], Meta(max_length=64)] = {}
-    event: Literal["step", "end", "exit"] = "step"
+    event: Literal["step", "end", "exit", "start"] = "step"
     world_size: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     namespace: Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[^\x00/]+$")] | None = None
     samples: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
