@@ -70,6 +70,8 @@ class DecodeRow:
     """What to do when the row applies."""
     severity: Severity
     """Severity when the row applies."""
+    hardware: bool | None = None
+    """Whether the table blames the hardware; None keeps the rule's own call (the table says both)."""
 
     def applies(self, intrinfo: int, status: int | None) -> bool:
         """Whether both registers fit this row."""

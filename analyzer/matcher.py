@@ -55,11 +55,12 @@ def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: Mappin
     if rank is None and line.rank is None and line.text.startswith("[rank"):
         m = _RANK_PREFIX.match(line.text)
         rank = int(m.group(1)) if m else None
-    action, severity = rule.recommended_action, rule.severity
+    action, severity, hardware = rule.recommended_action, rule.severity, rule.hardware is True
     if rule.decoder is not None:
         row = rule.decoder.decode(fields)
         if row is not None:
             action, severity = row.action, row.severity
+            hardware = hardware if row.hardware is None else row.hardware
             fields["decoded_unit"] = row.unit
     if rule.action_from is not None:
         action = rule.action_from.action_for(fields) or action
@@ -68,7 +69,7 @@ def finding_from_match(rule: Rule, signal: Signal, line: LogLine, groups: Mappin
         ts=signal.ts,
         fault_class=rule.fault_class,
         severity=severity,
-        hardware=rule.hardware is True,
+        hardware=hardware,
         where=Location(
             node=signal.node, gpu=fields.get("gpu"), pci=pci, port=fields.get("port"),
             rank=rank if rank is not None else line.rank, job=line.job, namespace=line.namespace,

@@ -138,6 +138,7 @@ class DecodeRowSpec(BaseModel):
     match: StatusMatch = StatusMatch.BITS
     action: Action
     severity: Severity
+    hardware: bool | None = None
 
     @field_validator("intrinfo")
     @classmethod
@@ -319,7 +320,7 @@ def _decoder(path: str, spec: RuleSpec, regex: LinearRegex) -> Decoder | None:
     _need_group(path, spec, regex, "decode.status_field", d.status_field)
     rows = tuple(
         DecodeRow(unit=r.unit, intrinfo=r.intrinfo, status=tuple(int(v, 16) for v in r.status),
-                  match=r.match, action=r.action, severity=r.severity)
+                  match=r.match, action=r.action, severity=r.severity, hardware=r.hardware)
         for r in d.rows
     )
     return Decoder(intrinfo_field=d.intrinfo_field, status_field=d.status_field, rows=rows)

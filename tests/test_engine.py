@@ -113,7 +113,13 @@ def test_nvlink5_xid_is_decoded_from_its_registers(rules: list[Rule]) -> None:
              "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")
     benign = ("NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 "
               "(0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)")
-    f1, f2 = Analyzer(rules).findings([_kernel("n1", fatal), _kernel("n1", benign, n=1)])
+    # Status bit 0x04 of SAW_MVB: ignore, and nothing to investigate.
+    ignored = ("NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 "
+               "(0x00000001 0x00000004 0x00000000 0x00000000 0x00000000 0x00000000)")
+    f1, f2, f3 = Analyzer(rules).findings([_kernel("n1", fatal), _kernel("n1", benign, n=1),
+                                           _kernel("n1", ignored, n=2)])
     assert (f1.recommended_action, f1.severity) == (Action.RESET_GPU, Severity.CRITICAL)
     assert f1.fields["decoded_unit"] == "NETIR_LINK_EVT/NETIR_LINK_DOWN"
-    assert (f2.recommended_action, f2.severity) == (Action.NONE, Severity.WARNING)
+    # Bit 0x08: no reset, but the table asks for an investigation, so the operator is told.
+    assert (f2.recommended_action, f2.severity) == (Action.NOTIFY, Severity.WARNING)
+    assert (f3.recommended_action, f3.severity) == (Action.NONE, Severity.WARNING)

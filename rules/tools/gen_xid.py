@@ -52,6 +52,11 @@ BUCKETS: dict[str, tuple[str, bool | str, str]] = {
 }
 
 DECODE_ACTIONS = {"IGNORE": "none", "RESET_GPU": "reset_gpu", "XID_154_EVAL": "notify"}
+# A row whose recovery is IGNORE but whose investigation is not (CONTACT_SUPPORT, INVESTIGATE_*,
+# REPORT_ISSUE): nothing to reset now, but someone has to look, so the operator is told.
+NOTHING_TO_INVESTIGATE = {"", "IGNORE"}
+# The table's HW/SW column: HW or FW blames the GPU, SW or NA the software; HW/SW keeps the rule's call.
+DECODE_HARDWARE: dict[str, bool | None] = {"HW": True, "FW": True, "SW": False, "NA": False, "HW/SW": None}
 RECOVERY_ACTIONS = {  # NVML's GPU recovery action codes, as Xid 154 prints them
     "0": "none", "1": "reset_gpu", "2": "reboot_node", "3": "reset_gpu", "4": "replace_node",
 }
@@ -78,7 +83,7 @@ def pattern(code: int) -> str:
     head = r"NVRM: Xid \((?:PCI:)?(?P<pci>[^)\n]*)\): (?P<xid>" + str(code) + r"),"
     if 144 <= code <= 150:
         # "<unit> Fatal|Nonfatal XC0 i0 Link 13 (0x<IntrInfo> 0x<ErrorStatus> ...)"
-        return head + (r"(?: (?P<unit>[A-Z0-9_/]+)\s+(?P<fatality>Fatal|Nonfatal)\s+XC\d i\d+ Link -?\d+"
+        return head + (r"(?: (?P<unit>[A-Z0-9_/]+)[^\S\n]+(?P<fatality>Fatal|Nonfatal)[^\S\n]+XC\d i\d+ Link -?\d+"
                        r" \(0x(?P<intrinfo>[0-9a-fA-F]+) 0x(?P<status>[0-9a-fA-F]+))?")
     if code == 154:
         return head + (r" GPU recovery action changed from 0x[0-9a-fA-F]+ \([^)\n]*\)"
@@ -95,6 +100,13 @@ def built_example(code: int, desc: str) -> str:
     return f"NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python3, {desc}"
 
 
+def decode_action(recovery: str, investigatory: str) -> str:
+    action = DECODE_ACTIONS[recovery]
+    if action == "none" and investigatory.strip() not in NOTHING_TO_INVESTIGATE:
+        return "notify"
+    return action
+
+
 def decode_rows(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
     by_unit: dict[str, list[dict[str, str]]] = defaultdict(list)
     for r in rows:
@@ -108,11 +120,14 @@ def decode_rows(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
             status = [v for v in r["error_status"].split("/") if v]
             sev = "critical" if r["severity"].lower().startswith(("fatal", "link fatal")) else "warning"
             base = {"unit": unit, "status": status, "match": "equals" if equals else "bits"}
+            hw = {"hardware": h} if (h := DECODE_HARDWARE[r["hw_sw"]]) is not None else {}
             out.append({**base, "intrinfo": [r["intrinfo_v1_pre_r575"], r["intrinfo_v2_r575_plus"]],
-                        "action": DECODE_ACTIONS[r["recovery_action"]], "severity": sev})
+                        "action": decode_action(r["recovery_action"], r["investigatory_action"]),
+                        "severity": sev, **hw})
             if r["action2"]:
                 out.append({**base, "intrinfo": [r["action2_intrinfo_v1"], r["action2_intrinfo_v2"]],
-                            "action": DECODE_ACTIONS[r["action2"]], "severity": "critical"})
+                            "action": decode_action(r["action2"], r["investigatory_action"]),
+                            "severity": "critical", **hw})
     return out
 
 
