@@ -20,7 +20,7 @@ CORPUS = Path(__file__).parent / "corpus"
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
     "dev": {"class_accuracy": 0.981, "hardware_accuracy": 0.98, "action_accuracy": 0.981},
-    "heldout": {"class_accuracy": 0.813, "hardware_accuracy": 0.829, "action_accuracy": 0.823},
+    "heldout": {"class_accuracy": 0.814, "hardware_accuracy": 0.83, "action_accuracy": 0.824},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 0}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
