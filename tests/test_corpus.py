@@ -19,13 +19,13 @@ CORPUS = Path(__file__).parent / "corpus"
 
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
-    "dev": {"class_accuracy": 0.981, "hardware_accuracy": 0.983, "action_accuracy": 0.981},
-    "heldout": {"class_accuracy": 0.810, "hardware_accuracy": 0.822, "action_accuracy": 0.822},
+    "dev": {"class_accuracy": 0.981, "hardware_accuracy": 0.98, "action_accuracy": 0.981},
+    "heldout": {"class_accuracy": 0.814, "hardware_accuracy": 0.83, "action_accuracy": 0.824},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 0}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
 # round that adds many; the excerpts that were already there must not lose ground. Round 10's files
-# (round10-*.yaml) are newer still and are not among the earlier ones either.
+# (round10-*.yaml) and round 11's (round11-*.yaml) are newer still and are not among the earlier ones either.
 LATEST_ROUND = "round9-mixed.yaml"
 NEWER_ROUNDS_PREFIX = ("round10-", "round11-")
 EARLIER_HELDOUT_FLOORS = {"class_accuracy": 0.867, "hardware_accuracy": 0.885, "action_accuracy": 0.870}
