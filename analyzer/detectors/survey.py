@@ -14,7 +14,7 @@ progressing (a hang is the hang detector's) or has finished is not judged.
 A rank slowed from outside (CPU contention, a CPU quota, something stopping and continuing it) runs the same code as
 its peers, only less of the time, so its stack samples look like theirs. The surveys also say how much of the window
 each rank's main thread could not run (``collector.sched``: stopped, or runnable and waiting for a CPU); a rank whose
-share of that is `ratio` times its peers' median and `min_gap` above every peer's, while its peers wait in the
+share of that is `ratio` times its peers' median and `held_gap` above every peer's, while its peers wait in the
 collectives, is named the same way (a rank stopped nearly the whole window is a hang, the hang detector's).
 """
 
@@ -53,6 +53,9 @@ class SurveyConfig:
     """A rank's survey older than this is not compared."""
     idle_s: float = 30.0
     """A job whose progress is older than this is not judged (stalled or gone)."""
+    held_gap: float = 0.25
+    """A rank's share of the window it could not run must be at least this much above every peer's (wider than
+    `min_gap`: on a loaded machine the run-queue wait of healthy ranks differs by 0.1-0.2 from survey to survey)."""
     max_stopped: float = 0.9
     """A rank stopped at least this share of a survey is not a straggler: it hardly runs (the hang detector's)."""
 
@@ -157,7 +160,7 @@ class SurveyDetector:
         if s.held is None or not peers or wait < cfg.peers_wait or s.stopped >= cfg.max_stopped:
             return None
         ref = median(peers)
-        return ref if s.held >= cfg.ratio * ref and s.held - max(peers) >= cfg.min_gap else None
+        return ref if s.held >= cfg.ratio * ref and s.held - max(peers) >= cfg.held_gap else None
 
     def _finding(self, job: str, rank: int, s: _Rank, ref: float, wait: float, ranks: int, now: float,
                  held: float | None) -> Finding:
