@@ -9,8 +9,10 @@ rank process on the node with ``py-spy record --nonblocking --idle`` (it reads t
 process's memory and never stops it) for `seconds`, classifies each sample of the main
 thread (``collector.frames.place``: in a collective, in a checkpoint, data loader,
 evaluation or file I/O, or in its own code) and sends, per rank, the share of samples in
-each place as one metric sample (``kmend_rank_stack_share``). The service compares the
-ranks of a job across nodes (``analyzer.detectors.survey``).
+each place as one metric sample (``kmend_rank_stack_share``). With `proc_root`, the same sample says how much of
+the window each rank's main thread could not run (``collector.sched``: stopped, or waiting for a CPU), which the
+stacks cannot show; a rank stopped when the survey starts is watched that way only (py-spy cannot attach to it).
+The service compares the ranks of a job across nodes (``analyzer.detectors.survey``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from collector.frames import place
 from collector.processes import ProcessFinder, TrainingProcess
+from collector.sched import SchedShares, SchedWatch
 from collector.signal import MetricSample, Signal, Source
 from collector.sources.base import Clock, Poll
 
@@ -102,8 +106,11 @@ class StackSurvey:
 
     def __init__(self, *, node: str, finder: ProcessFinder, profiler: Profiler, every_s: float = 10.0,
                  seconds: int = 2, rate: int = 100, clock: Clock = time.time, monotonic: Clock = time.monotonic,
-                 start: Callable[[Callable[[], None]], object] | None = None) -> None:
+                 start: Callable[[Callable[[], None]], object] | None = None,
+                 proc_root: Path | None = None) -> None:
         self.node = node
+        self.proc_root = proc_root
+        """The host's ``/proc``, where each rank's time stopped or waiting for a CPU is read (None: not read)."""
         self.finder = finder
         self.profiler = profiler
         self.every_s = every_s
@@ -128,7 +135,8 @@ class StackSurvey:
             if due:
                 self._busy, self._next = True, now + self.every_s
         if due:
-            procs = [p for p in self.finder.find() if p.job is not None and not p.stopped]
+            procs = [p for p in self.finder.find() if p.job is not None
+                     and (self.proc_root is not None or not p.stopped)]
             if procs:
                 self._start(lambda: self._survey(procs))
             else:
@@ -139,26 +147,36 @@ class StackSurvey:
     def _survey(self, procs: list[TrainingProcess]) -> None:
         """Sample every rank process at once (each on its own py-spy), then queue one sample per rank."""
         results: dict[int, Counter[str]] = {}
-        threads = [threading.Thread(target=self._one, args=(p, results), daemon=True) for p in procs]
+        # py-spy cannot attach to a stopped process; the scheduler's view covers it.
+        threads = [threading.Thread(target=self._one, args=(p, results), daemon=True) for p in procs if not p.stopped]
+        watch = SchedWatch([p.pid for p in procs], proc_root=self.proc_root) if self.proc_root is not None else None
+        sched: dict[int, SchedShares] = {}
         try:
             for t in threads:
                 t.start()
+            if watch is not None and not threads:
+                time.sleep(self.seconds)  # every rank stopped: watched for a survey's length all the same
             for t in threads:
                 t.join()
+            if watch is not None:
+                sched = watch.stop()
             ts = self.clock()
             signals = []
             for p in procs:
-                got = results.get(p.pid)
-                total = sum(got.values()) if got else 0
-                if not got or not total:
+                got = results.get(p.pid) or Counter()
+                total = sum(got.values())
+                ran = sched.get(p.pid)
+                if not total and ran is None:
                     continue
                 labels = {"job": str(p.job), "rank": str(p.rank), "samples": str(total)}
                 if p.pod:
                     labels["namespace"] = p.pod.split("/", 1)[0]
                 labels.update({f"share_{k.replace(' ', '_').replace('/', '')}": f"{got[k] / total:.3f}"
                                for k in PLACES if got[k]})
+                if ran is not None:
+                    labels.update({"cpu_wait": f"{ran.cpu_wait:.3f}", "stopped": f"{ran.stopped:.3f}"})
                 signals.append(Signal(f"{self.node}/survey/{p.pid}/{p.started}/{ts:.3f}", self.node, Source.PROGRESS,
-                                      ts, MetricSample(METRIC, got["collective"] / total, labels)))
+                                      ts, MetricSample(METRIC, got["collective"] / total if total else 0.0, labels)))
             self.surveys += 1
             with self._lock:
                 self._ready.extend(signals)

@@ -1,11 +1,18 @@
 """Stragglers that the step lines cannot show, named from the agent's stack surveys, in real jobs (gloo, CPU, one pod
 per rank as CRI files, `kmend agent` and `kmend serve` as processes, the agent's default settings): a plain DDP rank
 slow before its all-reduce (every rank logs each step at the same moment) and a Hugging Face Trainer's slow rank 1
-(only rank 0 prints progress at all)."""
+(only rank 0 prints progress at all); and a Trainer's rank 1 held back from outside (stopped and continued by another
+process: the same code as its peer, only less of the time), named from the scheduler's view the surveys carry."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +65,63 @@ def test_a_hugging_face_trainers_slow_rank_1_is_named_though_only_rank_0_prints(
         job.stop()
     fields = _named_from_stacks(incs, 1, "gpt2-slow")
     assert float(fields["peers_collective_share"]) >= 0.5, fields  # rank 0 waits for it
+
+
+def _steps(job: Job) -> int:
+    return job.pods[0].text().count("'loss': ")
+
+
+def _steps_per_s(job: Job, seconds: float) -> float:
+    s0, t0 = _steps(job), time.monotonic()
+    time.sleep(seconds)
+    return (_steps(job) - s0) / (time.monotonic() - t0)
+
+
+@contextmanager
+def _stopped_and_continued(pid: int, stop_s: float, run_s: float) -> Iterator[None]:
+    """SIGSTOP and SIGCONT `pid` from outside, over and over (stopped `stop_s`, then running `run_s`)."""
+    halt = threading.Event()
+
+    def cycle() -> None:
+        while not halt.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            halt.wait(stop_s)
+            os.kill(pid, signal.SIGCONT)
+            halt.wait(run_s)
+
+    thread = threading.Thread(target=cycle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        halt.set()
+        thread.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_a_rank_held_back_from_outside_is_named_from_what_the_scheduler_saw(kmend: Kmend) -> None:
+    # Nothing in the job changes: rank 1's process is stopped 50 ms of every 100 ms from outside, as a CPU quota or
+    # a noisy neighbour would hold it back. Only rank 0 prints progress, and rank 1's stack samples look like its
+    # peer's would (the same code, only less of the time); the kernel's view of the window (stopped, waiting for a
+    # CPU) does not.
+    job = Job(kmend.pods, "gpt2-held", "hf_trainer.py", steps=100_000, world=2)
+    try:
+        deadline = time.monotonic() + 90
+        while _steps(job) < 10:
+            assert time.monotonic() < deadline, job.output()
+            time.sleep(0.1)
+        before = _steps_per_s(job, 2.0)
+        [pid] = job.pods[1].worker_pids()
+        with _stopped_and_continued(pid, 0.05, 0.05):
+            held = time.monotonic()
+            during = _steps_per_s(job, 2.0)
+            incs = kmend.wait_for(lambda i: any(x["fault_class"] == "straggler" for x in i), 40)
+            named = time.monotonic() - held
+    finally:
+        job.stop()
+    print(f"{before:.1f} steps/s, {during:.1f} with rank 1 held from outside ({before / during:.2f}x slower); "
+          f"named {named:.1f} s after the hold began", [(i["fault_class"], i["root_cause"]) for i in incs])
+    assert before >= 1.2 * during  # the injection really slows the job
+    fields = _named_from_stacks(incs, 1, "gpt2-held")
+    assert fields["where"] == "stopped" and float(fields["stopped_share"]) >= 0.15, fields

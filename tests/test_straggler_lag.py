@@ -70,12 +70,16 @@ def test_a_late_rank_is_named_as_soon_as_its_summary_catches_up() -> None:
         return out
 
     suite = DetectorSuite()
-    found = []
+    named = []
     for ranks, steps in (((0, 1, 3), range(1, 17)), ((2,), range(1, 17)), ((0, 1, 3), range(17, 33)),
                          ((2,), range(17, 33))):
         batch = window(ranks, steps)
         assert len(batch) == len(ranks)  # one summary per rank, closed at the 16th step
         suite.observe(batch)
         found = [f for f in suite.evaluate(max(s.ts for s in batch)) if f.fault_class is FaultClass.STRAGGLER]
-    # Named on the evaluation right after the late rank's second window, with no step of its peers since.
-    assert [(f.where.rank, f.fields["basis"]) for f in found] == [(2, "arrival_lag")]
+        named += [(steps.stop - 1, f.where.rank, f.fields["basis"]) for f in found]
+    # Late from step 5: every window of the first 16 steps from the 9th on has its median late, so its first
+    # window already shows the rank late step after step, and it is named on the evaluation right after that window
+    # arrives (11 steps after the slowdown), once; not a window later (27 steps, too close to the 30-step target
+    # for a loaded machine, where a summary closed by time in between costs a few more).
+    assert named == [(16, 2, "arrival_lag")]

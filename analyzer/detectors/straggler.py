@@ -294,26 +294,42 @@ class StragglerDetector:
             # Counted in common steps, the episodes move only when the newest step every rank reported does: until
             # the last rank reports it, a job whose other ranks stepped is not scored again.
             return []
-        steps, at = common_arrivals(arrivals, cfg.window, last[1:] if last is not None and last[0] == key else None)
-        self._lag_mark[name] = (key, steps, at) if steps else None
-        if len(steps) < cfg.min_samples:
+        # Twice the window: a summary brings up to 16 new steps at once, and the window ending at each of them is
+        # judged over the `window` steps before it.
+        common, at = common_arrivals(arrivals, 2 * cfg.window,
+                                     last[1:] if last is not None and last[0] == key else None)
+        self._lag_mark[name] = (key, common, at) if common else None
+        if len(common) < cfg.min_samples:
             return []
-        first = at.min(axis=0)
-        med = np.median(at - first, axis=1)
-        excess = med - float(np.median(med))
-        period = float(np.median(np.diff(first) / np.diff(np.array(steps, dtype=np.float64))))
-        threshold = max(cfg.lag_min_s, cfg.lag_fraction * period)
+        lag = at - at.min(axis=0)
+        windows: dict[int, tuple[np.ndarray, float, float, int]] = {}  # by the index of the window's last step
         out = []
         for i, r in enumerate(ranks):
             ep = self._lags.setdefault((name, r), _Episode())
-            if not self._step(ep, bool(excess[i] >= threshold), job.max_step,
-                              common=steps[-1] if cfg.persistence_in_steps else None):
+            # Each common step not judged yet is judged on the window of steps ending at it: an agent's summary
+            # brings up to 16 steps at once, and a rank late at each of them has been late for those steps, so a
+            # slow rank is named at the first summary that shows `persistence` late windows in a row, not at the
+            # next one (the windows slide a step at a time; without `persistence_in_steps`, the newest alone).
+            ends = [j for j in range(cfg.min_samples - 1, len(common)) if common[j] > ep.at]
+            if not cfg.persistence_in_steps:
+                ends = ends[-1:]
+            report: tuple[float, float, int] | None = None
+            for j in ends:
+                if j not in windows:
+                    windows[j] = _lag_window(at, lag, common, j, cfg)
+                excess, period, threshold, n = windows[j]
+                if (self._step(ep, bool(excess[i] >= threshold), job.max_step,
+                               common=common[j] if cfg.persistence_in_steps else None)
+                        and report is None):
+                    report = (float(excess[i]), period, n)
+            if report is None:
                 continue
+            lag_s, period, n = report
             st = job.ranks[r]
-            slow = period / max(period - excess[i], 1e-3)
+            slow = period / max(period - lag_s, 1e-3)
             reason = hw().get(st.node)
-            fields = {"slowdown": f"{slow:.3f}", "window_steps": str(len(steps)), "basis": "arrival_lag",
-                      "lag_s": f"{excess[i]:.4f}", "period_s": f"{period:.4f}", "step": str(st.last_step)}
+            fields = {"slowdown": f"{slow:.3f}", "window_steps": str(n), "basis": "arrival_lag",
+                      "lag_s": f"{lag_s:.4f}", "period_s": f"{period:.4f}", "step": str(st.last_step)}
             if reason:
                 fields["node_evidence"] = reason
             out.append(Finding(
@@ -321,8 +337,8 @@ class StragglerDetector:
                 severity=Severity.WARNING, hardware=reason is not None, where=job_location(name, node=st.node, rank=r),
                 rule_id=DETECTOR_ID, recommended_action=Action.NOTIFY,
                 evidence=(st.signal_id,) if st.signal_id else (), fields=fields,
-                message=(f"rank {r} on {st.node} reports each step {excess[i]:.3f} s after its peers "
-                         f"(step period {period:.3f} s over {len(steps)} steps): the others wait for it"
+                message=(f"rank {r} on {st.node} reports each step {lag_s:.3f} s after its peers "
+                         f"(step period {period:.3f} s over {n} steps): the others wait for it"
                          + (f"; node: {reason}" if reason else "")),
             ))
         return out
@@ -440,6 +456,17 @@ class StragglerDetector:
             ))
         return out
 
+
+
+def _lag_window(at: np.ndarray, lag: np.ndarray, common: list[int], j: int,
+                cfg: StragglerConfig) -> tuple[np.ndarray, float, float, int]:
+    """The window of up to `cfg.window` common steps ending at index `j`: each rank's median lag behind the first
+    rank to report a step, over the ranks' median lag; the job's step period; the lag a late rank must reach."""
+    lo = max(0, j + 1 - cfg.window)
+    med = np.median(lag[:, lo:j + 1], axis=1)
+    period = float(np.median(np.diff(at[:, lo:j + 1].min(axis=0))
+                             / np.diff(np.array(common[lo:j + 1], dtype=np.float64))))
+    return med - float(np.median(med)), period, max(cfg.lag_min_s, cfg.lag_fraction * period), j + 1 - lo
 
 
 def _pooled(parts: list[tuple[int, float, float, float]]) -> tuple[int, float, float, float]:

@@ -10,6 +10,12 @@ the healthy busy places (checkpoint, evaluation) is at least `ratio` times its p
 median and `min_gap` above every peer's, while its peers spend at least `peers_wait` of their time
 in collectives. Ranks need `min_samples` samples in a survey to count; a job that is not
 progressing (a hang is the hang detector's) or has finished is not judged.
+
+A rank slowed from outside (CPU contention, a CPU quota, something stopping and continuing it) runs the same code as
+its peers, only less of the time, so its stack samples look like theirs. The surveys also say how much of the window
+each rank's main thread could not run (``collector.sched``: stopped, or runnable and waiting for a CPU); a rank whose
+share of that is `ratio` times its peers' median and `held_gap` above every peer's, while its peers wait in the
+collectives, is named the same way (a rank stopped nearly the whole window is a hang, the hang detector's).
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ class SurveyConfig:
     """A rank's survey older than this is not compared."""
     idle_s: float = 30.0
     """A job whose progress is older than this is not judged (stalled or gone)."""
+    held_gap: float = 0.25
+    """A rank's share of the window it could not run must be at least this much above every peer's (wider than
+    `min_gap`: on a loaded machine the run-queue wait of healthy ranks differs by 0.1-0.2 from survey to survey)."""
+    max_stopped: float = 0.9
+    """A rank stopped at least this share of a survey is not a straggler: it hardly runs (the hang detector's)."""
 
 
 @dataclass(slots=True)
@@ -59,6 +70,10 @@ class _Rank:
     where: str
     signal_id: str
     """Evidence: the survey sample."""
+    held: float | None = None
+    """Share of the window the rank could not run (stopped or waiting for a CPU); None: not measured."""
+    stopped: float = 0.0
+    """Share of the window it was stopped."""
     streak: int = 0
     counted: float = 0.0
     """Time of the survey last counted in `streak`."""
@@ -93,6 +108,9 @@ class SurveyDetector:
         old = ranks.get(int(rank))
         samples = labels.get("samples", "0")
         new = _Rank(sig.node, sig.ts, outside, p.value, int(samples) if samples.isdigit() else 0, where, sig.id)
+        if "cpu_wait" in labels or "stopped" in labels:
+            new.stopped = _share(labels, "stopped")
+            new.held = min(_share(labels, "cpu_wait") + new.stopped, 1.0)
         if old is not None:
             new.streak, new.counted, new.open_ts = old.streak, old.counted, old.open_ts
         ranks[int(rank)] = new
@@ -107,41 +125,65 @@ class SurveyDetector:
                 del self._jobs[key]
                 continue
             last = max((r.last_ts for r in state.ranks.values()), default=0.0)
-            ranks = {r: s for r, s in self._jobs[key].items()
-                     if now - s.ts <= cfg.max_age_s and s.samples >= cfg.min_samples}
-            if len(ranks) < 2 or now - last > cfg.idle_s:
+            fresh = {r: s for r, s in self._jobs[key].items() if now - s.ts <= cfg.max_age_s}
+            ranks = {r: s for r, s in fresh.items() if s.samples >= cfg.min_samples}
+            if len(fresh) < 2 or not ranks or now - last > cfg.idle_s:
                 continue
-            for r, s in ranks.items():
+            for r, s in fresh.items():
                 if s.ts <= s.counted:
                     continue  # no new survey of this rank since it was last counted
                 s.counted = s.ts
                 peers = [p for q, p in ranks.items() if q != r]
+                if not peers:
+                    continue
                 ref, wait = median(p.outside for p in peers), median(p.collective for p in peers)
                 # It stands alone: two ranks that both work while the rest wait are a role (a pipeline
                 # stage, rank 0's logging), not a straggler.
-                flagged = (wait >= cfg.peers_wait and s.outside >= cfg.ratio * ref
+                flagged = (r in ranks and wait >= cfg.peers_wait and s.outside >= cfg.ratio * ref
                            and s.outside - max(p.outside for p in peers) >= cfg.min_gap)
-                s.streak = s.streak + 1 if flagged else 0
-                if not flagged:
+                held = self._held(s, [p for q, p in fresh.items() if q != r], wait)
+                s.streak = s.streak + 1 if flagged or held is not None else 0
+                if not flagged and held is None:
                     s.open_ts = None
                     continue
                 if s.streak < cfg.persistence or s.open_ts is not None:
                     continue
                 s.open_ts = s.ts
-                out.append(self._finding(key, r, s, ref, wait, len(ranks), now))
+                out.append(self._finding(key, r, s, ref, wait, len(fresh), now, None if flagged else held))
         return out
 
-    def _finding(self, job: str, rank: int, s: _Rank, ref: float, wait: float, ranks: int, now: float) -> Finding:
+    def _held(self, s: _Rank, others: list[_Rank], wait: float) -> float | None:
+        """The peers' median share of the window they could not run, when `s` could not run far more of it than every
+        one of them while they waited in the collectives (None: it could run as they did, or it was not measured)."""
+        cfg = self.config
+        peers = [p.held for p in others if p.held is not None]
+        if s.held is None or not peers or wait < cfg.peers_wait or s.stopped >= cfg.max_stopped:
+            return None
+        ref = median(peers)
+        return ref if s.held >= cfg.ratio * ref and s.held - max(peers) >= cfg.held_gap else None
+
+    def _finding(self, job: str, rank: int, s: _Rank, ref: float, wait: float, ranks: int, now: float,
+                 held: float | None) -> Finding:
         fields = {"basis": "stacks", "outside_share": f"{s.outside:.3f}", "peers_outside_share": f"{ref:.3f}",
                   "peers_collective_share": f"{wait:.3f}", "where": s.where, "samples": str(s.samples),
                   "surveys": str(s.streak), "ranks_surveyed": str(ranks)}
+        if not s.samples:
+            del fields["outside_share"]  # its stacks could not be sampled (stopped when the survey began)
+        if s.held is not None:
+            fields.update({"held_share": f"{s.held:.3f}", "stopped_share": f"{s.stopped:.3f}"})
+        if held is None:
+            because = (f"spent {s.outside:.0%} of its sampled time outside the collectives (mostly in {s.where}) "
+                       f"while its peers waited in them {wait:.0%} of theirs (outside {ref:.0%})")
+        else:
+            fields.update({"where": "stopped" if 2 * s.stopped >= (s.held or 0.0) else "waiting for a CPU",
+                           "peers_held_share": f"{held:.3f}"})
+            because = (f"could not run {s.held or 0.0:.0%} of the time (stopped {s.stopped:.0%}, the rest waiting "
+                       f"for a CPU; its peers {held:.0%}) while they waited in the collectives {wait:.0%} of theirs")
         return Finding(
             id=f"{DETECTOR_ID}:{job}:{rank}:stacks:{s.open_ts:.3f}", ts=now, fault_class=FaultClass.STRAGGLER,
             severity=Severity.WARNING, hardware=False, where=job_location(job, node=s.node, rank=rank),
             rule_id=DETECTOR_ID, recommended_action=Action.NOTIFY, fields=fields, evidence=(s.signal_id,),
-            message=(f"rank {rank} on {s.node} spent {s.outside:.0%} of its sampled time outside the collectives "
-                     f"(mostly in {s.where}) while its peers waited in them {wait:.0%} of theirs (outside "
-                     f"{ref:.0%}), in {s.streak} stack surveys in a row: the others wait for it"),
+            message=f"rank {rank} on {s.node} {because}, in {s.streak} stack surveys in a row: the others wait for it",
         )
 
     def forget(self, job: str) -> None:

@@ -283,7 +283,8 @@ def build_agent(settings: AgentSettings, *, metrics: AgentMetrics | None = None)
     if survey and (binary := _py_spy(settings.py_spy)) is not None:
         sources.append(StackSurvey(node=node, profiler=PySpyProfiler(binary), every_s=settings.stack_survey_s,
                                    finder=ProcessFinder(proc_root=settings.proc_root, pods_root=settings.pods_root,
-                                                        pod_metadata=meta, job=settings.job)))
+                                                        pod_metadata=meta, job=settings.job),
+                                   proc_root=settings.proc_root))
     if settings.ib_root.is_dir():
         sources.append(IbSysfsSource(node=node, root=settings.ib_root, interval=settings.metrics_interval))
     if settings.nvml:
