@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from analyzer.corpus import CorpusEntry, CorpusError, parse_entries, split_of
 from analyzer.records import Action, FaultClass
 from analyzer.rules import default_rules_dir, load_rules
 from kmend.cli import main
-from kmend.corpus_eval import load_corpus, report, run_entries
+from kmend.corpus_eval import Outcome, load_corpus, report, run_entries
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -34,6 +35,20 @@ EARLIER_HELDOUT_FLOORS = {"class_accuracy": 0.867, "hardware_accuracy": 0.885, "
 @pytest.fixture(scope="module")
 def entries() -> list[CorpusEntry]:
     return load_corpus(CORPUS)
+
+
+@pytest.fixture(scope="module")
+def outcomes(entries: list[CorpusEntry]) -> list[Outcome]:
+    """Every excerpt through the shipped rules, once for the module (the whole corpus takes tens of seconds)."""
+    return run_entries(entries, [Path(__file__).parent.parent / "rules"])
+
+
+@pytest.fixture
+def small_corpus(tmp_path: Path) -> Path:
+    """Two of the corpus's files: enough excerpts in both halves for the command's output, a fraction of its time."""
+    for name in ("storage.yaml", "node.yaml"):
+        shutil.copy(CORPUS / name, tmp_path / name)
+    return tmp_path
 
 
 def test_every_excerpt_is_well_formed(entries: list[CorpusEntry]) -> None:
@@ -91,8 +106,7 @@ def test_no_rule_learns_from_a_held_out_line(entries: list[CorpusEntry]) -> None
     assert not leaked, sorted(set(leaked))
 
 
-def test_both_halves_reach_the_stated_floors(entries: list[CorpusEntry]) -> None:
-    outcomes = run_entries(entries, [Path(__file__).parent.parent / "rules"])
+def test_both_halves_reach_the_stated_floors(outcomes: list[Outcome]) -> None:
     result = report(outcomes, "all")
     earlier = report([o for o in outcomes if Path(o.entry.file).name != LATEST_ROUND
                       and not Path(o.entry.file).name.startswith(NEWER_ROUNDS_PREFIX)], "heldout")
@@ -107,16 +121,15 @@ def test_both_halves_reach_the_stated_floors(entries: list[CorpusEntry]) -> None
     assert isinstance(result["heldout"]["misses"], str) and isinstance(result["dev"]["misses"], list)
 
 
-def test_the_cli_prints_json_per_half(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "corpus", "--dir", str(CORPUS), "--split", "dev", "--format", "json"]) == 0
+def test_the_cli_prints_json_per_half(small_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "corpus", "--dir", str(small_corpus), "--split", "dev", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"dev"} and out["dev"]["excerpts"] > 0
 
 
-def test_each_half_is_broken_down_by_expected_class(entries: list[CorpusEntry],
+def test_each_half_is_broken_down_by_expected_class(outcomes: list[Outcome], small_corpus: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    result = report(run_entries([e for e in entries if e.split == "dev"], [Path(__file__).parent.parent / "rules"]),
-                    "dev")["dev"]
+    result = report([o for o in outcomes if o.entry.split == "dev"], "dev")["dev"]
     rows = result["by_class"]
     # The rows add up to the half's figures, so a weak family shows without reading its excerpts.
     assert sum(r["faults"] for r in rows.values()) == result["faults"]
@@ -126,7 +139,7 @@ def test_each_half_is_broken_down_by_expected_class(entries: list[CorpusEntry],
     labelled = sum(r["hardware_labelled"] for r in rows.values())
     assert round(sum(r["hardware_ok"] for r in rows.values()) / labelled, 3) == result["hardware_accuracy"]
     assert {"storage", "node", "oom_gpu"} <= set(rows) and all(0 <= r["class_ok"] <= r["faults"] for r in rows.values())
-    assert main(["eval", "corpus", "--dir", str(CORPUS), "--split", "heldout", "--misses", "none"]) == 0
+    assert main(["eval", "corpus", "--dir", str(small_corpus), "--split", "heldout", "--misses", "none"]) == 0
     out = capsys.readouterr().out
     storage = next(line for line in out.splitlines() if line.startswith("storage "))
     assert "/" in storage and "(" in storage and " hw " in storage and "heldout misses:" in out
