@@ -481,8 +481,12 @@ class Healing:
         if req is None or req.node != node:
             raise KeyError(request_id)
         if req.kind == gpu_report.GPU_REPORT and req.state == "pending":
+            keep = partial(gpu_report.keep, self.store, request_id, state, result)
             with self.lock:  # rounds and runbook operations save whole plans under it: none overwrites this
-                gpu_report.keep(self.store, request_id, state, result)
+                if (stop := self.background.stop_of(gpu_report.plan_of(request_id))) is None:
+                    keep()
+                else:  # the plan's task saves it too: between two of its writes, which then carry the answer
+                    stop.amend(keep)
         answered = self.store.ledger.answer(request_id, state, result)
         assert answered is not None
         self._due.clear()  # the plan waiting on it goes on in the next round
