@@ -347,4 +347,6 @@ def describe(step: ActionStep) -> str:
             return f"return {node} to the spare pool"
         case StepKind.ACCEPT:
             return f"remove kmend.io/unvalidated from {node}: it takes work"
+        case StepKind.RELEASE:
+            return f"release {node} ({p.get('write')}), as {p.get('by')} asked"
     return step.kind.value
