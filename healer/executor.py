@@ -128,6 +128,8 @@ class PlanExecutor:
                 done = self._execute(plan, stop_before, journaled, stop)
             except _Stopped as exc:
                 done = exc.plan
+            with stop.lock:  # with what was written into its steps from outside meanwhile (an agent's report)
+                done = stop.merged_plan(done)
             # Decided while the last step ran (a drain stopped between evictions): the plan is as the decision left it.
             return done if stop.decided is None else replace(stop.decided, steps=done.steps)
 
@@ -162,9 +164,9 @@ class PlanExecutor:
                 if stop.decided is not None:
                     raise _Stopped(current)
                 if unsaved:
-                    self.journal.save_plan(current)
+                    self.journal.save_plan(stop.merged_plan(current))
                 elif step is not None:
-                    self.journal.save_step(plan.id, step)
+                    self.journal.save_step(plan.id, stop.merged(step))
                 if step is not None and step.state is StepState.RUNNING:
                     stop.in_flight(step.kind)
             unsaved = False
@@ -213,7 +215,7 @@ class PlanExecutor:
                     with stop.lock:
                         if stop.decided is not None:
                             raise _Stopped(plan)
-                        self.journal.save_plan(blocked)
+                        self.journal.save_plan(stop.merged_plan(blocked))
                     if self.on_plan:
                         if verdict.tripped:
                             self.on_plan(Announcement.BREAKER_TRIPPED, blocked)
@@ -235,7 +237,7 @@ class PlanExecutor:
                     write(replace(finished, state=StepState.RUNNING))
                 finished = self._run(replace(finished, state=StepState.RUNNING), plan)
                 with stop.lock:  # what the step did is journaled, decided or not
-                    self.journal.save_step(plan.id, finished)
+                    self.journal.save_step(plan.id, stop.merged(finished))
                     stop.in_flight(None)
                 steps[i] = finished
                 plan = replace(plan, steps=tuple(steps))
@@ -258,7 +260,7 @@ class PlanExecutor:
         with stop.lock:
             if stop.decided is not None:
                 raise _Stopped(plan)
-            self.journal.save_plan(plan)
+            self.journal.save_plan(stop.merged_plan(plan))
         if self.on_plan:
             self.on_plan(what, plan)
         return plan
@@ -345,4 +347,6 @@ def describe(step: ActionStep) -> str:
             return f"return {node} to the spare pool"
         case StepKind.ACCEPT:
             return f"remove kmend.io/unvalidated from {node}: it takes work"
+        case StepKind.RELEASE:
+            return f"release {node} ({p.get('write')}), as {p.get('by')} asked"
     return step.kind.value

@@ -39,8 +39,12 @@ def with_report(plan: Plan, request_id: str, state: str, result: str) -> ActionS
     step = next((s for s in plan.steps if s.id == request_id.removesuffix(SUFFIX)), None)
     if step is None:
         return None
-    key = "nvidia_smi_q" if state == "done" else "nvidia_smi_q_error"
-    return replace(step, outputs={**step.outputs, key: result})
+    return replace(step, outputs={**step.outputs, _key(state): result})
+
+
+def _key(state: str) -> str:
+    """The evidence output that keeps an answer in ``state``."""
+    return "nvidia_smi_q" if state == "done" else "nvidia_smi_q_error"
 
 
 class PlanJournal(Protocol):
@@ -55,8 +59,11 @@ class PlanJournal(Protocol):
         ...
 
 
-def keep(journal: PlanJournal, request_id: str, state: str, result: str) -> None:
-    """Save the agent's answer into its plan's evidence step (nothing when the plan or step is gone)."""
+def keep(journal: PlanJournal, request_id: str, state: str, result: str) -> tuple[str, dict[str, str]] | None:
+    """Save the agent's answer into its plan's evidence step: the step's id and the outputs added (None when the plan
+    or step is gone)."""
     plan = journal.get_plan(plan_of(request_id))
-    if plan is not None and (step := with_report(plan, request_id, state, result)) is not None:
-        journal.save_step(plan.id, step)
+    if plan is None or (step := with_report(plan, request_id, state, result)) is None:
+        return None
+    journal.save_step(plan.id, step)
+    return step.id, {_key(state): result}

@@ -11,7 +11,7 @@ from healer.keys import CONDITION_TYPE, FAULT_TAINT_KEY, MANAGED_LABEL
 from healer.policy_explain import explain
 from healer.policy_file import DrainScope, PlanTemplate, PolicyFile, RepairKind, StepName
 from healer.records import ActionStep, Mode, Plan, StepKind
-from healer.steps.node import rfc3339
+from healer.steps.node import RELEASE_WRITES, rfc3339
 
 __all__ = ["CONDITION_TYPE", "FAULT_TAINT_KEY", "MANAGED_LABEL", "PlanContext", "PolicyConfig", "choose_plan",
            "operator_quarantine_plan", "plan_id_for"]
@@ -222,3 +222,17 @@ def operator_quarantine_plan(node: str, by: str, reason: str, now: float) -> Pla
     return Plan(id=pid, incident_id="", policy="operator/quarantine", mode=Mode.AUTO,
                 steps=tuple(quarantine_steps(pid, 0, node, "operator", message, by, now)),
                 reason=message, node=node, fault_class="operator", created_at=now)
+
+
+RELEASE_POLICY = "operator/release"
+"""The policy name of an operator's release (the loop finishes one it finds unfinished, other plans cancelled)."""
+
+
+def release_plan(node: str, by: str, now: float) -> Plan:
+    """An operator's release, journaled before it acts: one step per write (``RELEASE_WRITES``), so a release cut short
+    by a crash is finished on restart and no write is made twice."""
+    pid = "plan-rel-" + hashlib.sha256(f"{node}/{now}".encode()).hexdigest()[:10]
+    steps = tuple(ActionStep(f"{pid}-{i}", StepKind.RELEASE, node, {"write": w, "by": by})
+                  for i, w in enumerate(RELEASE_WRITES))
+    return Plan(id=pid, incident_id="", policy=RELEASE_POLICY, mode=Mode.AUTO, steps=steps,
+                reason=f"released by {by}", node=node, fault_class="operator", created_at=now)

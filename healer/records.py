@@ -33,6 +33,7 @@ class StepKind(StrEnum):
     VALIDATE = "validate"
     RETURN = "return"
     ACCEPT = "accept"
+    RELEASE = "release"
 
 
 class StepState(StrEnum):

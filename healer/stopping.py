@@ -7,16 +7,20 @@ journals the decision between two of the run's journal writes (``decide``) and a
 next step (and the drain before its next eviction: ``stop_asked``), journals the result of the step in flight and
 ends. Neither overwrites the other: the run's writes and the decision take the same lock, which is never held across
 a request to the cluster.
+
+An agent's answer written into one of the run's steps (a GPU report kept with the evidence) goes through the same lock
+(``amend``): the run's later saves carry it, so a whole-plan save never writes back the step as the run read it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 
-from healer.records import Plan, StepKind
+from healer.records import ActionStep, Plan, StepKind
 
 
 class Stop:
@@ -29,6 +33,9 @@ class Stop:
         """The plan as the operator's decision journaled it (rejected, cancelled); None while the run goes on."""
         self.step: StepKind | None = None
         """The kind of the step the run has in flight (None between steps)."""
+        self.amended: dict[str, dict[str, str]] = {}
+        """Outputs written into the run's steps from outside the run (an agent's report), by step id: every later save
+        of the run carries them."""
         self._changed = threading.Condition(self.lock)
 
     def decide(self, decision: Callable[[], Plan | None]) -> Plan | None:
@@ -40,6 +47,22 @@ class Stop:
                 self.decided = plan
                 self._changed.notify_all()
             return plan
+
+    def amend(self, save: Callable[[], tuple[str, Mapping[str, str]] | None]) -> None:
+        """Run ``save`` (journal outputs into one of the plan's steps; it returns the step's id and those outputs)
+        between two journal writes of the run, which keeps them in its later saves."""
+        with self.lock:
+            if (saved := save()) is not None:
+                self.amended.setdefault(saved[0], {}).update(saved[1])
+
+    def merged(self, step: ActionStep) -> ActionStep:
+        """The step with the outputs amended from outside the run. Called under ``lock``."""
+        extra = self.amended.get(step.id)
+        return replace(step, outputs={**step.outputs, **extra}) if extra else step
+
+    def merged_plan(self, plan: Plan) -> Plan:
+        """The plan with every step's amended outputs. Called under ``lock``."""
+        return replace(plan, steps=tuple(map(self.merged, plan.steps))) if self.amended else plan
 
     def in_flight(self, kind: StepKind | None) -> None:
         """The run starts a step of ``kind`` (None: the step's result is journaled). Called under ``lock``."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from analyzer.records import Incident, IncidentState
 from healer import gpu_report
-from healer.acceptance import Candidate, acceptance_plan, candidates
+from healer.acceptance import acceptance_plan, candidates
 from healer.executor import PlanExecutor, describe
 from healer.history import node_records
 from healer.keys import (
@@ -24,18 +24,25 @@ from healer.keys import (
 )
 from healer.lease import Leader as Leader  # re-exported: the wiring names it from here
 from healer.notify import Announcement, Notifier, announce
-from healer.policy import PolicyConfig, choose_plan, operator_quarantine_plan, plan_id_for
+from healer.policy import (
+    RELEASE_POLICY,
+    PolicyConfig,
+    choose_plan,
+    operator_quarantine_plan,
+    plan_id_for,
+    release_plan,
+)
 from healer.policy_explain import explain
 from healer.policy_file import PolicyFile
-from healer.records import FINAL_PLAN_STATES, Mode, Plan, PlanState, StepKind, StepState
+from healer.records import Mode, Plan, PlanState, StepKind, StepState
 from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
-from healer.steps.node import release_node
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.metrics import Metrics
 from kmend.planning import first_to_plan, plan_context
+from kmend.releasing import finish_release
 from kmend.store import Store
 
 log = logging.getLogger("kmend.healer")
@@ -171,6 +178,10 @@ class Healing:
                     self._announce(Announcement.NEEDS_APPROVAL, p)
                     self._track(p)
                     touched.append(p)
+                elif p.policy == RELEASE_POLICY:  # a release cut short (a crash): finished before anything else
+                    done, _ = self._release(p)
+                    self._pace(p, done, now)
+                    touched.append(done)
                 elif not (detach and self.background.resume(p)):  # its steps go on in the background (its task)
                     touched.append(self._resume(p, set_state, now))
             if busy() and now - self._accepted_at < self.resume_max_s:
@@ -425,29 +436,23 @@ class Healing:
     def release(self, node: str, by: str) -> list[str]:
         """An operator puts the node back in service: kmend's plans for it are cancelled, its marks removed.
 
+        The release is journaled as a plan before anything is written (``release_plan``: one step per write), so a
+        crash part way leaves its intent, and the loop finishes it on restart with each write made once.
+
         A plan whose step runs in the background is cancelled through its task's hold: the task ends after its step in
         flight (a drain: the eviction in flight), which the release does not wait for unless it writes to the node."""
-        def cancel(plan_id: str) -> Plan | None:
-            p = self.plan(plan_id)  # read again: the task may have finished it meanwhile
-            if p.state in FINAL_PLAN_STATES:
-                return None
-            p = replace(p, state=PlanState.CANCELLED, reason=f"{p.reason} | node released by {by}")
-            self.store.save_plan(p)
-            return p
-
         with self.lock:
             self.ctx.cluster.get_node(node)
-            cancelled = []
-            for p in self.store.list_plans(node=node):
-                if p.state not in FINAL_PLAN_STATES and self.background.decide(p.id, partial(cancel, p.id)):
-                    self._track(replace(p, state=PlanState.CANCELLED))
-                    cancelled.append(p.id)
-            self.background.quiet(node)  # a quarantine write still on its way comes before the marks come off
-            release_node(self.ctx.cluster, node, by)
-            check = acceptance_plan(Candidate(node, "repaired"), self.policy, self.ctx.clock())
-            self.store.save_plan(check)  # the healer loop runs it (and resumes it after a crash)
-            self._track(check)
+            plan = replace(release_plan(node, by, self.ctx.clock()), state=PlanState.RUNNING)
+            self.store.save_plan(plan)  # the intent, before the first write
+            self._track(plan)
+            _, cancelled = self._release(plan)
             return cancelled
+
+    def _release(self, plan: Plan) -> tuple[Plan, list[str]]:
+        """Go on with a journaled release (``kmend.releasing``): the release and the plans it cancelled."""
+        return finish_release(plan, self.store, self.executor, self.background, self.policy, self.ctx.clock,
+                              self._track)
 
     def breaker(self) -> BreakerState:
         """The breaker (and its gauge)."""
@@ -481,8 +486,12 @@ class Healing:
         if req is None or req.node != node:
             raise KeyError(request_id)
         if req.kind == gpu_report.GPU_REPORT and req.state == "pending":
+            keep = partial(gpu_report.keep, self.store, request_id, state, result)
             with self.lock:  # rounds and runbook operations save whole plans under it: none overwrites this
-                gpu_report.keep(self.store, request_id, state, result)
+                if (stop := self.background.stop_of(gpu_report.plan_of(request_id))) is None:
+                    keep()
+                else:  # the plan's task saves it too: between two of its writes, which then carry the answer
+                    stop.amend(keep)
         answered = self.store.ledger.answer(request_id, state, result)
         assert answered is not None
         self._due.clear()  # the plan waiting on it goes on in the next round

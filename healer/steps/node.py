@@ -130,16 +130,32 @@ def accept(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
     return done(f"{node} validated: {UNVALIDATED_TAINT_KEY} removed")
 
 
-def release_node(cluster: Cluster, node: str, by: str) -> None:
-    """An operator's release: kmend's marks come off and the node is uncordoned, tainted unvalidated (back from
-    repair, it takes work once its health check passes), with an Event saying who released it."""
-    cluster.patch_node_metadata(node, labels={QUARANTINED_LABEL: None}, annotations={
-        QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None})
-    cluster.add_taint(node, Taint(UNVALIDATED_TAINT_KEY, "repaired", "NoSchedule"))
-    cluster.remove_taint(node, FAULT_TAINT_KEY)
-    set_health(cluster, node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {by}"))
-    cluster.uncordon(node)
-    cluster.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {by}", "Normal"))
+RELEASE_WRITES = ("unlabel", "unvalidated", "untaint", "condition", "uncordon", "event")
+"""An operator's release, one journaled step per write: kmend's marks come off, the node is tainted unvalidated (back
+from repair, it takes work once its health check passes) and uncordoned, with an Event saying who released it."""
+
+
+def release(step: ActionStep, plan: Plan, ctx: StepContext) -> StepOutcome:
+    """One write of an operator's release (``params['write']``, one of ``RELEASE_WRITES``); each is idempotent."""
+    node, p, cluster = _node(step), step.params, ctx.cluster
+    match p.get("write"):
+        case "unlabel":
+            cluster.patch_node_metadata(node, labels={QUARANTINED_LABEL: None}, annotations={
+                QUARANTINED_BY: None, QUARANTINE_REASON: None, QUARANTINED_AT: None, QUARANTINE_PLAN: None})
+        case "unvalidated":
+            cluster.add_taint(node, Taint(UNVALIDATED_TAINT_KEY, "repaired", "NoSchedule"))
+        case "untaint":
+            cluster.remove_taint(node, FAULT_TAINT_KEY)
+        case "condition":
+            set_health(cluster, node, Condition(CONDITION_TYPE, "True", "ReleasedByOperator", f"released by {p['by']}"))
+        case "uncordon":
+            cluster.uncordon(node)
+        case "event":
+            cluster.emit_event(ClusterEvent(node, "KmendReleased", f"{node} released by {p['by']}", "Normal",
+                                            key=step.id))
+        case other:
+            raise PermanentError(f"unknown release write {other!r}")
+    return done(f"release of {node}: {p['write']}")
 
 
 RUNNERS = {
@@ -151,5 +167,6 @@ RUNNERS = {
     StepKind.NOTIFY: notify,
     StepKind.RETURN: return_to_pool,
     StepKind.ACCEPT: accept,
+    StepKind.RELEASE: release,
 }
 """Runners of the node steps by kind."""
