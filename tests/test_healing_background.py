@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from healer.records import Plan, PlanState, StepKind, StepState
 from kmend.healing import Healing
 from tests.builders import XID79, container, kernel
 from tests.healing import Harness, incident
+from tests.waiting import until
 
 XID48 = ("[ 9271.102911] NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double "
          "bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.")
@@ -30,15 +31,6 @@ BAD, OTHER = "gpu-node-02", "gpu-node-09"
 """The job's node whose fault starts the slow plan, and the node whose Xid 79 comes while that plan is held up."""
 BOUND_S = 10.0
 """How long the second node's cordon may take: a round is milliseconds here, the held-up step holds it forever."""
-
-
-def _until(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout  # generous for a loaded machine; returns as soon as it holds
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _no_state(*_: object) -> None:
@@ -115,11 +107,11 @@ def _cordoned(h: Harness, node: str) -> bool:
 
 def _second_fault_is_cordoned(h: Harness, rules: list[Rule], incidents: list[Incident], gate: Gate) -> float:
     """Adds an Xid 79 on OTHER while the gate holds a step: the seconds until OTHER is cordoned."""
-    _until("the slow step to start", gate.entered.is_set)
+    until("the slow step to start", gate.entered.is_set)
     t0 = time.monotonic()
     incidents.append(incident(rules, [kernel(OTHER, XID79)]))
     try:
-        _until(f"{OTHER} cordoned", lambda: _cordoned(h, OTHER), timeout=BOUND_S)
+        until(f"{OTHER} cordoned", lambda: _cordoned(h, OTHER), timeout=BOUND_S)
     finally:
         gate.released.set()
     return time.monotonic() - t0
@@ -133,9 +125,9 @@ def test_a_new_plans_slow_checkpoint_restore_does_not_hold_back_another_nodes_co
     incidents = [incident(shipped_rules, [container(BAD, "step 10 loss 2.1", job="llama"), kernel(BAD, XID48)])]
     with _loop(h, heal, incidents) as errors:
         took = _second_fault_is_cordoned(h, shipped_rules, incidents, gate)
-        restart = _until("the job's restart plan done", lambda: (p := _plan_of(h, BAD, "restart-job")) is not None
+        restart = until("the job's restart plan done", lambda: (p := _plan_of(h, BAD, "restart-job")) is not None
                          and p.state is PlanState.SUCCEEDED and p)
-        _until(f"{OTHER}'s plan at its repair", lambda: (p := _plan_of(h, OTHER, "replace-node")) is not None
+        until(f"{OTHER}'s plan at its repair", lambda: (p := _plan_of(h, OTHER, "replace-node")) is not None
                and any(s.kind is StepKind.REPAIR and s.state is StepState.WAITING for s in p.steps))
     assert not errors, errors
     assert took < BOUND_S
@@ -159,7 +151,7 @@ def test_a_checkpoint_step_asked_again_after_it_waited_does_not_hold_back_anothe
     incidents = [incident(shipped_rules, [container(BAD, "step 10 loss 2.1", job="llama"), kernel(BAD, XID79)])]
     with _loop(h, heal, incidents) as errors:
         took = _second_fault_is_cordoned(h, shipped_rules, incidents, gate)
-        first = _until(f"{BAD}'s plan at its repair", lambda: (p := _plan_of(h, BAD, "replace-node")) is not None
+        first = until(f"{BAD}'s plan at its repair", lambda: (p := _plan_of(h, BAD, "replace-node")) is not None
                        and any(s.kind is StepKind.REPAIR and s.state is StepState.WAITING for s in p.steps) and p)
     assert not errors, errors
     assert took < BOUND_S
@@ -182,7 +174,7 @@ def test_a_new_nodes_slow_health_check_does_not_hold_back_another_nodes_cordon(
     incidents: list[Incident] = []
     with _loop(h, heal, incidents) as errors:
         took = _second_fault_is_cordoned(h, shipped_rules, incidents, gate)
-        check = _until("the new node's health check passed", lambda: next(
+        check = until("the new node's health check passed", lambda: next(
             (p for p in h.store.list_plans(node="gpu-node-new") if p.state is PlanState.SUCCEEDED), None))
     assert not errors, errors
     assert took < BOUND_S
@@ -204,14 +196,14 @@ def test_an_approved_plans_slow_drain_does_not_hold_back_another_nodes_cordon(
     incidents = [incident(shipped_rules, [container(BAD, IB_ERROR_12, job="llama", rank=2)])]
     approved: list[Plan] = []
     with _loop(h, heal, incidents) as errors:
-        waiting = _until("the plan awaiting approval", lambda: next(
+        waiting = until("the plan awaiting approval", lambda: next(
             (p for p in h.store.list_plans(node=BAD) if p.state is PlanState.AWAITING_APPROVAL), None))
         # The operator's request (the API's thread): it returns once the node is out, not after the drain.
         operator = threading.Thread(target=lambda: approved.append(heal.approve(waiting.id, "ops", _no_state)))
         operator.start()
         took = _second_fault_is_cordoned(h, shipped_rules, incidents, gate)
         operator.join(timeout=60)
-        done = _until(f"{BAD}'s plan at its repair", lambda: (p := _plan_of(h, BAD, "replace-node")) is not None
+        done = until(f"{BAD}'s plan at its repair", lambda: (p := _plan_of(h, BAD, "replace-node")) is not None
                       and any(s.kind is StepKind.REPAIR and s.state is StepState.WAITING for s in p.steps) and p)
     assert not errors, errors
     assert took < BOUND_S

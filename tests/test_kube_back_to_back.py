@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,18 +23,10 @@ from tests.builders import XID79, container, kernel
 from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer
 from tests.procs import kube_serve_env, start_serve, wait_ready, write_kubeconfig
+from tests.waiting import until
 
 SLOW_S = 0.5
 """How long the server takes for each of the first node's writes after its cordon."""
-
-
-def _until(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout  # generous for a loaded machine; returns as soon as it holds
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _write_of(method: str, path: str, body: Any) -> tuple[str, str] | None:
@@ -91,9 +83,9 @@ def test_a_second_fault_is_cordoned_while_the_first_plans_later_writes_are_still
             wait_ready(url, proc, log=log)
             with httpx.Client(base_url=url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
                 agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-1", XID79))]}).raise_for_status()
-                _until("gpu-1 cordoned", lambda: ("gpu-1", "cordon") in seen)
+                until("gpu-1 cordoned", lambda: ("gpu-1", "cordon") in seen)
                 agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
-                _until("both quarantines complete", lambda: ("gpu-1", "event") in seen and ("gpu-2", "event") in seen)
+                until("both quarantines complete", lambda: ("gpu-1", "event") in seen and ("gpu-2", "event") in seen)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nwrites: {seen}\n{log.read_text(errors='replace')[-3000:]}") from None
         finally:
@@ -177,12 +169,12 @@ def test_a_second_fault_is_cordoned_while_the_first_plans_drain_is_still_evictin
         agent.post("/v1/signals", json={"signals": [
             to_wire(container("gpu-1", "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
             to_wire(kernel("gpu-1", XID79))]}).raise_for_status()
-        _until("the first node's drain evicting", lambda: d.writes("gpu-1", "evicting"))
+        until("the first node's drain evicting", lambda: d.writes("gpu-1", "evicting"))
         t0 = time.monotonic()
         agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
-        cordoned = _until("gpu-2 cordoned", lambda: d.writes("gpu-2", "cordon"))[0]
-        _until("the drain's three evictions", lambda: len(d.writes("gpu-1", "eviction")) == 3)
-        _until("gpu-2's quarantine Event", lambda: d.writes("gpu-2", "event"))
+        cordoned = until("gpu-2 cordoned", lambda: d.writes("gpu-2", "cordon"))[0]
+        until("the drain's three evictions", lambda: len(d.writes("gpu-1", "eviction")) == 3)
+        until("gpu-2's quarantine Event", lambda: d.writes("gpu-2", "event"))
     # On the previous loop the cordon waited for the rest of the resumed drain: at least two more evictions.
     assert cordoned - t0 < EVICT_S, (cordoned - t0, d.seen)
     # The first node's steps stay in order, each once: its quarantine before any eviction, each pod evicted once.
@@ -203,19 +195,19 @@ def test_a_second_fault_is_cordoned_while_an_approved_plans_drain_is_still_evict
         agent.post("/v1/signals", json={"signals": [
             to_wire(container("gpu-1", IB_ERROR_12, job="llama", rank=1, pod="llama-worker-1"))]}
                    ).raise_for_status()
-        plan = _until("the plan awaiting approval", lambda: next(iter(operator.get(
+        plan = until("the plan awaiting approval", lambda: next(iter(operator.get(
             "/v1/plans", params={"state": "awaiting_approval"}).json()["plans"]), None))
         # The operator's approval, as `kmend approve` sends it, from a thread of its own.
         approving = threading.Thread(target=lambda: approved.append(
             operator.post(f"/v1/plans/{plan['id']}/approve")))
         approving.start()
-        _until("the approved plan's drain evicting", lambda: d.writes("gpu-1", "evicting"))
+        until("the approved plan's drain evicting", lambda: d.writes("gpu-1", "evicting"))
         t0 = time.monotonic()
         agent.post("/v1/signals", json={"signals": [to_wire(kernel("gpu-2", XID79))]}).raise_for_status()
-        cordoned = _until("gpu-2 cordoned", lambda: d.writes("gpu-2", "cordon"))[0]
+        cordoned = until("gpu-2 cordoned", lambda: d.writes("gpu-2", "cordon"))[0]
         approving.join(timeout=60)
-        _until("the drain's three evictions", lambda: len(d.writes("gpu-1", "eviction")) == 3)
-        _until("gpu-2's quarantine Event", lambda: d.writes("gpu-2", "event"))
+        until("the drain's three evictions", lambda: len(d.writes("gpu-1", "eviction")) == 3)
+        until("gpu-2's quarantine Event", lambda: d.writes("gpu-2", "event"))
     # On the previous service the approval ran the drain inside the lock every healer round takes.
     assert cordoned - t0 < EVICT_S, (cordoned - t0, d.seen)
     assert approved and approved[0].status_code == 200 and approved[0].json()["state"] == "running", approved

@@ -6,8 +6,6 @@ condition saying who released it, uncordoned, one Event), each write of the rele
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +22,9 @@ from healer.keys import (
 )
 from tests.fake_apiserver import FakeApiServer
 from tests.procs import Served, kube_serve_env, start_serve
+from tests.waiting import until
 
 NODE = "gpu-1"
-
-
-def _until(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout  # generous for a loaded machine; returns as soon as it holds
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _write(method: str, path: str, body: Any) -> str | None:
@@ -105,7 +95,7 @@ def test_a_release_killed_mid_way_is_finished_on_restart_each_write_once(tmp_pat
 
             caller = threading.Thread(target=release, daemon=True)
             caller.start()
-            _until("the release's uncordon held on the server", held.is_set)
+            until("the release's uncordon held on the server", held.is_set)
             first.proc.kill()  # SIGKILL: no shutdown, no last write
             first.proc.wait(timeout=30)
             let_go.set()
@@ -128,7 +118,7 @@ def test_a_release_killed_mid_way_is_finished_on_restart_each_write_once(tmp_pat
                             and conditions.get(CONDITION_TYPE, {}).get("reason") == "ReleasedByOperator"
                             and any(e.get("reason") == "KmendReleased" for e in api.events))
 
-            _until(f"{NODE} fully released by the restarted service", released)
+            until(f"{NODE} fully released by the restarted service", released)
         except AssertionError as exc:
             tails = first.tail() + "\n---\n" + (second.tail() if second else "")
             raise AssertionError(f"{exc}\nwrites: {writes}\n{tails}") from None

@@ -21,20 +21,12 @@ from collector.wire import to_wire
 from tests.builders import XID79, container, kernel
 from tests.fake_apiserver import FakeApiServer
 from tests.procs import Served, kube_serve_env, start_serve
+from tests.waiting import until
 
 EVICT_S = 2.0
 """How long the server takes for each eviction of gpu-1's pods (three of them: a 6 s drain)."""
 ANSWER_S = 1.0
 """How long a runbook call may take while the drain goes on (it used to wait for the whole drain)."""
-
-
-def _until(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout  # generous for a loaded machine; returns as soon as it holds
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
@@ -95,7 +87,7 @@ def _start_drain(served: Served, world: _World, operator: httpx.Client) -> dict[
         agent.post("/v1/signals", json={"signals": [
             to_wire(container("gpu-1", "step 100 loss 2.1", job="llama", rank=1, pod="llama-worker-1")),
             to_wire(kernel("gpu-1", XID79))]}).raise_for_status()
-    _until("the drain's first eviction", lambda: world.evicting)
+    until("the drain's first eviction", lambda: world.evicting)
     plan = operator.get("/v1/plans", params={"node": "gpu-1"}).json()["plans"][0]
     assert plan["state"] == "running", plan
     return plan
@@ -116,7 +108,7 @@ def _quarantined(served: Served, world: _World, node: str) -> None:
     """A new fault on `node`, cordoned: the healer's rounds ran after whatever the test did before."""
     with httpx.Client(base_url=served.url, headers={"authorization": "Bearer i"}, timeout=30) as agent:
         agent.post("/v1/signals", json={"signals": [to_wire(kernel(node, XID79))]}).raise_for_status()
-    _until(f"{node} cordoned", lambda: node in world.cordons)
+    until(f"{node} cordoned", lambda: node in world.cordons)
 
 
 @pytest.mark.slow
@@ -133,7 +125,7 @@ def test_a_reject_during_the_drain_answers_at_once_and_survives_kill_9(tmp_path:
                 assert rejected.json()["state"] == "rejected" and "rejected by" in rejected.json()["reason"]
                 assert took < ANSWER_S, (took, world.evicting)
                 # The eviction in flight ends and is journaled as the drain's last result; no other starts.
-                step = _until("the drain step's result journaled",
+                step = until("the drain step's result journaled",
                               lambda: (s := _drain_step(operator, plan["id"]))["state"] != "running" and s)
                 assert "stopped" in step["result"], step
                 assert operator.get(f"/v1/plans/{plan['id']}").json()["state"] == "rejected"
@@ -166,7 +158,7 @@ def test_a_release_during_the_drain_answers_at_once_and_stops_it(tmp_path: Path)
                 assert released.json()["cancelled_plans"] == [plan["id"]], released.json()
                 assert took < ANSWER_S, (took, world.evicting)
                 assert not world.api.nodes["gpu-1"]["spec"].get("unschedulable"), world.api.nodes["gpu-1"]["spec"]
-                step = _until("the drain step's result journaled",
+                step = until("the drain step's result journaled",
                               lambda: (s := _drain_step(operator, plan["id"]))["state"] != "running" and s)
                 assert "stopped" in step["result"], step
                 _quarantined(served, world, "gpu-2")
