@@ -15,7 +15,8 @@ from healer.cluster import PermanentError
 from healer.records import PlanState, StepKind, StepState
 from tests.builders import container, kernel
 from tests.healing import incident
-from tests.test_healing_background import BAD, XID48, _harness, _loop, _plan_of, _until
+from tests.test_healing_background import BAD, XID48, _harness, _loop, _plan_of
+from tests.waiting import until
 
 REPORT = "==============NVSMI LOG==============\nGPU 00000000:18:00.0\n    Retired Pages: 3"
 
@@ -42,8 +43,8 @@ def test_a_gpu_report_answered_while_the_plans_step_runs_in_the_background_is_ke
     gate = Refused(h.workloads, "apply_config_map")
     incidents = [incident(shipped_rules, [container(BAD, "step 10 loss 2.1", job="llama"), kernel(BAD, XID48)])]
     with _loop(h, heal, incidents) as errors:
-        _until("the checkpoint step held", gate.entered.is_set)
-        ask = _until("the GPU report asked of the agent", lambda: next(
+        until("the checkpoint step held", gate.entered.is_set)
+        ask = until("the GPU report asked of the agent", lambda: next(
             (r for r in heal.requests(BAD) if r.kind == gpu_report.GPU_REPORT), None))
         try:
             heal.answer(BAD, ask.id, "done", REPORT)  # while the task holds the plan as it read it
@@ -52,7 +53,7 @@ def test_a_gpu_report_answered_while_the_plans_step_runs_in_the_background_is_ke
             assert next(s for s in kept.steps if s.kind is StepKind.EVIDENCE).outputs.get("nvidia_smi_q") == REPORT
         finally:
             gate.released.set()
-        done = _until("the plan ended by its task", lambda: (p := _plan_of(h, BAD, "restart-job")) is not None
+        done = until("the plan ended by its task", lambda: (p := _plan_of(h, BAD, "restart-job")) is not None
                       and p.state is PlanState.FAILED and p)
     assert not errors, errors
     evidence = next(s for s in done.steps if s.kind is StepKind.EVIDENCE)

@@ -11,7 +11,8 @@ from analyzer.rules import Rule
 from healer.records import PlanState, StepKind, StepState
 from tests.builders import XID79, container, kernel
 from tests.healing import incident
-from tests.test_healing_background import BAD, XID48, Gate, _harness, _loop, _plan_of, _until
+from tests.test_healing_background import BAD, XID48, Gate, _harness, _loop, _plan_of
+from tests.waiting import until
 
 ANSWER_S = 5.0
 """How long the reject may take in process (the held step holds for as long as the test lets it)."""
@@ -24,7 +25,7 @@ def test_a_reject_while_a_checkpoint_restore_is_held_answers_at_once_and_stops_t
     gate = Gate(h.workloads, "apply_config_map")  # the resume point, published by the checkpoint step
     incidents = [incident(shipped_rules, [container(BAD, "step 10 loss 2.1", job="llama"), kernel(BAD, XID48)])]
     with _loop(h, heal, incidents) as errors:
-        _until("the checkpoint step held", gate.entered.is_set)
+        until("the checkpoint step held", gate.entered.is_set)
         plan = _plan_of(h, BAD, "restart-job")
         assert plan is not None and plan.state is PlanState.RUNNING, plan
         t0 = time.monotonic()
@@ -34,11 +35,11 @@ def test_a_reject_while_a_checkpoint_restore_is_held_answers_at_once_and_stops_t
             took = time.monotonic() - t0
             gate.released.set()
         assert rejected.state is PlanState.REJECTED and "rejected by alice" in rejected.reason
-        done = _until("the held step's result journaled", lambda: (p := h.store.get_plan(plan.id)) is not None and all(
+        done = until("the held step's result journaled", lambda: (p := h.store.get_plan(plan.id)) is not None and all(
             s.state is not StepState.RUNNING for s in p.steps) and p)
         # Rounds go on: a new fault elsewhere is planned and cordoned while the rejected plan stays as it is.
         incidents.append(incident(shipped_rules, [kernel("gpu-node-09", XID79)]))
-        _until("a later round's cordon", lambda: h.cluster.get_node("gpu-node-09").unschedulable)
+        until("a later round's cordon", lambda: h.cluster.get_node("gpu-node-09").unschedulable)
     assert not errors, errors
     assert took < ANSWER_S, took
     after = h.store.get_plan(plan.id)
