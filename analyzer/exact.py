@@ -130,7 +130,9 @@ def hyperscan_pattern(pattern: str) -> str:
     while i < n:
         ch = pattern[i]
         if ch == "\\":
-            out.append("[\\S\\v]" if pattern[i + 1:i + 2] == "S" else pattern[i:i + 2])
+            # The vertical tab by its code: in a class, hyperscan (as PCRE) reads "\\v" as every vertical
+            # space, carriage return and newline included, so "[\\S\\v]" ran over line ends.
+            out.append("[\\S\\x0b]" if pattern[i + 1:i + 2] == "S" else pattern[i:i + 2])
             i += 2
             continue
         if ch == "[":

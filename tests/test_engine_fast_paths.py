@@ -128,3 +128,15 @@ def test_a_pattern_that_could_run_over_a_newline_finds_every_line(rules: list[Ru
     lines = [line, line, "x"]
     assert [(h.line, h.rule.id) for h in MultiMatcher(rules, backend=backend).scan(lines)] == [
         (0, "node-network-plugin-not-ready"), (1, "node-network-plugin-not-ready")]
+
+
+def test_a_non_space_run_stops_at_a_carriage_return_and_a_line_end(rules: list[Rule]) -> None:
+    # The database read "\S" as "[\S\v]", and in a class hyperscan takes "\v" for every vertical space: "\r" and
+    # the newline too. A rule it calls exact was then found on a line RE2 does not match, or across two lines.
+    split = ["slurmstepd: error: execve(): /tmp/slurmd/job0008\r/slurm_script: No such file or directory",
+             "slurmstepd: error: execve(): /tmp/slurmd/job0008", "/slurm_script: No such file or directory"]
+    whole = "slurmstepd: error: execve(): /tmp/slurmd/job0008/slurm_script: No such file or directory"
+    matcher = MultiMatcher(rules)
+    assert [h.rule.id for h in matcher.scan(split) if h.rule.id == "slurmd-job-script-missing"] == []
+    assert [(h.line, h.rule.id) for h in matcher.scan([*split, whole])
+            if h.rule.id == "slurmd-job-script-missing"] == [(3, "slurmd-job-script-missing")]

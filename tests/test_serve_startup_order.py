@@ -168,7 +168,8 @@ FIRST_BIND_PROBE = """
 import os, sys
 import healer.kube.pods as pods
 def bind(self, *args, **kwargs):
-    print(sorted(m for m in sys.argv[1].split(",") if m in sys.modules), flush=True)
+    # One write: binds are issued concurrently, and two threads' prints could interleave on one line.
+    os.write(1, (repr(sorted(m for m in sys.argv[1].split(",") if m in sys.modules)) + "\\n").encode())
     os._exit(0)
 pods.KubePodScheduling.bind = bind
 from kmend.cli import main
