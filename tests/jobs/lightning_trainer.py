@@ -35,6 +35,11 @@ def main() -> None:
     trainer = L.Trainer(accelerator="cpu", devices=per_node, num_nodes=nodes, strategy="ddp", max_steps=steps,
                         logger=False, enable_checkpointing=False)
     trainer.fit(Regressor(), torch.utils.data.DataLoader(data, batch_size=64))
+    # As PyTorch's DDP examples end: a worker that exits with its gloo group alive may abort in teardown
+    # ("terminate called without an active exception"), and its peer's launcher then waits in torchrun's exit
+    # barrier for minutes.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
