@@ -124,4 +124,8 @@ def test_a_rank_held_back_from_outside_is_named_from_what_the_scheduler_saw(kmen
           f"named {named:.1f} s after the hold began", [(i["fault_class"], i["root_cause"]) for i in incs])
     assert before >= 1.2 * during  # the injection really slows the job
     fields = _named_from_stacks(incs, 1, "gpt2-held")
-    assert fields["where"] == "stopped" and float(fields["stopped_share"]) >= 0.15, fields
+    # Rank 1 is named from the surveys: by the kernel's view (stopped) or, when py-spy caught it running, by its
+    # samples outside the collectives; whichever of the two reaches two surveys in a row first.
+    assert fields["where"] in ("stopped", "code"), fields
+    if fields["where"] == "stopped":
+        assert float(fields["stopped_share"]) >= 0.15, fields
