@@ -9,7 +9,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from analyzer.detectors.straggler import common_arrivals
+from analyzer.detectors.arrivals import common_arrivals
 
 
 def _reference(arrivals: list[deque[tuple[int, float]]], window: int) -> tuple[list[int], list[list[float]]]:
