@@ -13,7 +13,8 @@ from analyzer.detectors.stacks import StackSample
 from analyzer.detectors.suite import DetectorSuite
 from analyzer.progress import ProgressEvent
 from analyzer.progress_rules import ProgressKind
-from analyzer.records import FaultClass, Finding
+from analyzer.records import FaultClass
+from tests.test_hang_stacks import first_hang
 
 STACKS = Path(__file__).parent / "fixtures" / "stacks"
 ALL_REDUCE = (STACKS / "waiting_in_all_reduce.txt").read_text()
@@ -45,16 +46,6 @@ def look(suite: DetectorSuite, ts: float, texts: dict[int, str], *, stopped: int
     for r in range(WORLD):
         suite.add_stack("gpt", StackSample(rank=r, node="n0", pid=100 + r, text=texts.get(r, ALL_REDUCE),
                                            state="T" if r == stopped else "S"), ts)
-
-
-def first_hang(suite: DetectorSuite, start: float, until: float) -> tuple[float, Finding] | None:
-    t = start
-    while t <= until:
-        for f in suite.evaluate(t):
-            if f.fault_class is FaultClass.HANG and f.rule_id == "hang-detector":
-                return t, f
-        t += 1.0
-    return None
 
 
 @pytest.mark.parametrize("count", [1, 2])
