@@ -30,6 +30,7 @@ import logging
 import os
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -45,6 +46,8 @@ KIND = "stack_dump"
 """Request kind the service opens on a suspected hang."""
 MAX_STACK_BYTES = 256 * 1024
 """Larger dumps are cut before upload (the service caps them too)."""
+MAX_PARALLEL_DUMPS = 8
+"""py-spy runs at most this many at once (a node's ranks: one per GPU)."""
 __all__ = ["KIND", "ProcessFinder", "PySpyDumper", "StackDumper", "StackRequestResponder", "TrainingProcess",
            "poke_flight_recorder"]
 
@@ -179,18 +182,17 @@ class StackRequestResponder:
         if not procs:
             return "failed", f"no process of job {job!r} on {self.node} (RANK in its environment, job by its pod, " \
                              f"KMEND_JOB or TORCHELASTIC_RUN_ID)"
-        sent, problems, poked = 0, [], 0
-        for p in procs:
-            if p.pipe and poke_flight_recorder(self.finder.proc_root, p.pid, p.pipe):
-                poked += 1
-            try:
-                text = self.dumper.dump(p.pid, stopped=p.stopped)
-            except RuntimeError as exc:
-                problems.append(str(exc))
-                if not p.stopped:
-                    continue
-                # Where it stopped is unknown, but that it stopped is the evidence that matters.
-                text = f"Process {p.pid}: stopped; no stack ({str(exc)[:200]})\n"
+        poked = sum(1 for p in procs if p.pipe and poke_flight_recorder(self.finder.proc_root, p.pid, p.pipe))
+        # Every rank is looked at at once and the stacks are sent only when all are in: the service judges a
+        # job's stacks once they stop arriving, and one slow dump (a stopped process, a loaded node) between two
+        # uploads would have it judge the job from part of its ranks.
+        with ThreadPoolExecutor(max_workers=min(len(procs), MAX_PARALLEL_DUMPS)) as pool:
+            looks = list(pool.map(self._look, procs))
+        problems = [why for _, _, why in looks if why]
+        sent = 0
+        for p, text, _ in looks:
+            if text is None:
+                continue
             params: dict[str, str | int] = {"job": job, "rank": p.rank, "node": self.node, "pid": p.pid}
             if p.state:
                 params["state"] = p.state
@@ -206,6 +208,16 @@ class StackRequestResponder:
         if problems:
             msg += "; " + "; ".join(problems[:3])
         return ("done" if sent else "failed"), msg
+
+    def _look(self, p: TrainingProcess) -> tuple[TrainingProcess, str | None, str]:
+        """(the process, its stack text or None, why it could not be read or "")."""
+        try:
+            return p, self.dumper.dump(p.pid, stopped=p.stopped), ""
+        except RuntimeError as exc:
+            if not p.stopped:
+                return p, None, str(exc)
+            # Where it stopped is unknown, but that it stopped is the evidence that matters.
+            return p, f"Process {p.pid}: stopped; no stack ({str(exc)[:200]})\n", str(exc)
 
     # As a handler of the node-request runner (``collector.node_requests``): one request, its own thread.
     kind = KIND

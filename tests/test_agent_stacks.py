@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder
+from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder, TrainingProcess
 from healer.notify import LogNotifier
 from healer.steps.base import RepairRequest
 from kmend.app import create_app
@@ -141,6 +141,47 @@ def test_a_stack_request_is_answered_with_stacks_and_a_flight_recorder_dump(
     assert (tmp_path / "dumped").read_text() == "dump"
     kept = kmend.detectors.stacks._stacks[JOB][3]
     assert kept.pid == stuck.pid and "wait_for_batch" in kept.text
+
+
+class _Ranks:
+    """A node with two ranks of one job: the finder's view, without /proc."""
+
+    proc_root = Path("/proc")
+
+    def find(self) -> list[TrainingProcess]:
+        return [TrainingProcess(pid=101, rank=0, job="j", pipe=None, state="S"),
+                TrainingProcess(pid=102, rank=1, job="j", pipe=None, state="T")]
+
+
+class _SlowOnStopped:
+    """py-spy's time on a loaded node: the stopped rank's dump takes a while."""
+
+    def dump(self, pid: int, *, stopped: bool = False) -> str:
+        if stopped:
+            time.sleep(1.0)
+        return f"Process {pid}: python\nThread {pid} (idle): \"MainThread\"\n"
+
+
+def test_a_jobs_stacks_on_a_node_reach_the_service_together_when_one_dump_is_slow() -> None:
+    # The service judges a job's stacks once they stop arriving for a few seconds: a slow dump of one rank between
+    # two uploads had it judge the job from rank 0 alone ("every rank waits in a collective", no culprit named).
+    posted: list[tuple[float, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posted.append((time.monotonic(), request.url.params["rank"]))
+        return httpx.Response(202, json={})
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    responder = StackRequestResponder(url="http://kmend", node="n1", finder=_Ranks(),  # type: ignore[arg-type]
+                                      dumper=_SlowOnStopped(), client=client, clock=time.monotonic)
+    start = time.monotonic()
+    state, message = responder.answer("j")
+    responder.close()
+    assert (state, message) == ("done", "2 stack(s) of 2 process(es); 0 Flight Recorder dump(s) requested")
+    assert sorted(r for _, r in posted) == ["0", "1"]
+    first, last = min(t for t, _ in posted), max(t for t, _ in posted)
+    assert first - start >= 0.9, "a stack was sent before every rank's dump was in"
+    assert last - first < 0.5
 
 
 def test_no_process_of_the_job_answers_failed_with_why(tmp_path: Path) -> None:
