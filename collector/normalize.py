@@ -25,6 +25,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from collector.wrapped import MAX_CUTS, own_width_cuts
+
 _PREFIX = re.compile(
     r"""^(?:<\d{1,3}>)?
     (?:
@@ -126,18 +128,6 @@ _RECORD = re.compile(r"^(?:\[(?:rank|default)\d+\]:)?\[?[IWEF]\d{3,4} \d\d:\d\d:
 _DEVICE_LINE = re.compile(r"^\S+ [0-9a-fA-F]{4}:[0-9a-fA-F]{2}:")
 _MAX_WRAPS = 8
 """Most continuation lines joined to one prefixed line."""
-_MAX_CUTS = 64
-"""Most pieces of one line joined back at a file's own terminal width (a 9,000-character line at 140)."""
-_MIN_CUT_WIDTH = 80
-"""Narrowest terminal a file's own width is inferred for."""
-# A terminal cuts at its width whatever is there: the last character of the cut line and the first of the
-# rest sit inside one token (a word, a path, a number), or the rest opens with the one space between two.
-_CUT_LAST = re.compile(r"[\w/\\.=,;:'\"()\[\]{}<>@%+*-]")
-_CUT_FIRST = re.compile(r"(?:[a-z0-9_/\\.,;:)\]}'\"%=-]| [\w/-])")
-# The stamp a record of its own starts with (ISO date, clock time, syslog's "Oct 23 10:03:12").
-_STAMP_START = re.compile(r"\d{4}[-/]\d\d[-/]\d\d|\d\d:\d\d:\d\d|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d")
-_COLUMNS = re.compile(r"\S {3,}\S")
-"""Columns of a table (``kubectl get``, ``ps``): its rows end at the same width and start a new row."""
 _MAX_FOLD = 200
 """Most lines folded into one event, so a malformed file cannot build one huge text."""
 
@@ -298,7 +288,7 @@ class _Folder:
         head = self.heads[-1]
         if head + 1 + self.wrapped != i:
             return False
-        if i in self.cuts and self.wrapped < _MAX_CUTS:
+        if i in self.cuts and self.wrapped < MAX_CUTS:
             self.extend(text, "")
             self.wrapped += 1
             return True
@@ -351,58 +341,6 @@ def _terminal_widths(texts: Sequence[str], raw: Sequence[str], prefixed: Sequenc
                 and (prefixed[i - 1] or _RECORD.match(texts[i - 1]))):
             seen.setdefault(len(raw[i - 1]), set()).add(texts[i - 1])
     return _TERMINAL_WIDTHS | {w for w, heads in seen.items() if len(heads) >= 2 and w >= 80}
-
-
-def _first_word(text: str) -> str:
-    return text.split(" ", 1)[0]
-
-
-def _cut_here(record: str, cut: str, rest: str) -> bool:
-    """Whether ``rest`` reads as the rest of ``cut`` (a piece of ``record``), broken by a terminal:
-    mid-token, no table row, no record of its own (no stamp, no ``host:pid`` or device as its first
-    word, not the first word the record itself starts with)."""
-    word = _first_word(rest) if rest[:1] != " " else ""
-    return (_CUT_LAST.match(cut[-1]) is not None and _CUT_FIRST.match(rest) is not None
-            and ":" not in word[:-1] and _DEVICE_LINE.match(rest) is None
-            and _COLUMNS.search(cut) is None and _RECORD.match(rest) is None
-            and _STAMP_START.match(rest) is None and word != _first_word(record))
-
-
-def _own_width_cuts(texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool]) -> frozenset[int]:
-    """Lines of a file without transport prefixes that continue the line above, cut at the file's own width.
-
-    A terminal prints no line longer than it is wide, so a capture it wrapped has its longest lines all
-    of one width, each broken mid-token onto the next. The width is the file's longest line, taken
-    when at least two different lines of that length break mid-token and no more than a few of its
-    lines of that length break otherwise (a file of records that merely share a length, or a table).
-    """
-    n = len(raw)
-    if n < 2:
-        return frozenset()
-    lengths = list(map(len, raw))
-    width = max(lengths)
-    if width < _MIN_CUT_WIDTH or lengths.count(width) < 2:
-        return frozenset()
-    cuts: set[int] = set()
-    heads: set[str] = set()
-    other = 0
-    at = lengths.index(width)
-    while True:
-        nxt = at + 1
-        if nxt < n and not prefixed[at] and not prefixed[nxt] and texts[nxt].strip():
-            record = at
-            while record in cuts:
-                record -= 1
-            if _cut_here(texts[record], raw[at], texts[nxt]):
-                cuts.add(nxt)
-                heads.add(raw[at])
-            else:
-                other += 1
-        try:
-            at = lengths.index(width, at + 1)
-        except ValueError:
-            break
-    return frozenset(cuts) if len(heads) >= 2 and other <= len(cuts) // 4 else frozenset()
 
 
 def _continues(text: str) -> bool:
@@ -474,7 +412,7 @@ def group_events(texts: Sequence[str], raw: Sequence[str] | None = None,
     raw = raw if raw is not None else texts
     prefixed = prefixed if prefixed is not None else [False] * n
     marks = _marks(texts, prefixed) if n else []
-    cuts = _own_width_cuts(texts, raw, prefixed)
+    cuts = own_width_cuts(texts, raw, prefixed, (_RECORD, _DEVICE_LINE))
     if cuts:
         marks = sorted(set(marks).union(cuts))
     fold = _Folder(texts, raw, prefixed, _terminal_widths(texts, raw, prefixed, marks), cuts)
