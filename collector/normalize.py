@@ -9,7 +9,8 @@ Two steps, both linear in the lines of a file:
 - :func:`group_events` folds the lines that form one event into one text: PCIe AER dumps
   with their status/mask lines, NVRM messages split over lines, Python tracebacks (the
   final exception line is the event), ``nvidia-smi -q`` sections, ``dcgmi`` table rows
-  continued on the next row, and prefixed lines that a forum or terminal wrapped.
+  continued on the next row, prefixed lines that a forum or terminal wrapped, and the pieces of
+  lines a terminal cut at its own width in a paste that carries no prefix at all.
 
 Used where text arrives as a file or a paste (``kmend analyze``) and by the agent's
 ``/dev/kmsg`` source, whose records are one line each: the service sees the same events.
@@ -23,6 +24,8 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from collector.wrapped import MAX_CUTS, own_width_cuts
 
 _PREFIX = re.compile(
     r"""^(?:<\d{1,3}>)?
@@ -146,8 +149,9 @@ class _Folder:
     """State of :func:`group_events` while it walks one file."""
 
     def __init__(self, texts: Sequence[str], raw: Sequence[str], prefixed: Sequence[bool],
-                 widths: frozenset[int]) -> None:
+                 widths: frozenset[int], cuts: frozenset[int] = frozenset()) -> None:
         self.texts, self.raw, self.prefixed, self.widths = texts, raw, prefixed, widths
+        self.cuts = cuts  # lines that are the rest of the line above, cut at the file's own width
         self.heads: list[int] = []  # line of each event
         self.out: list[str] = []  # text of each event (its first part until the end)
         self.parts: dict[int, list[str]] = {}  # parts of the events that folded more lines
@@ -279,10 +283,16 @@ class _Folder:
 
     def wrap(self, i: int, text: str) -> bool:
         """An unprefixed line right after prefixed ones: the rest of a line that was wrapped."""
-        if not self.out or self.prefixed[i] or not text or self.wrapped >= _MAX_WRAPS:
+        if not self.out or self.prefixed[i] or not text:
             return False
         head = self.heads[-1]
         if head + 1 + self.wrapped != i:
+            return False
+        if i in self.cuts and self.wrapped < MAX_CUTS:
+            self.extend(text, "")
+            self.wrapped += 1
+            return True
+        if self.wrapped >= _MAX_WRAPS:
             return False
         # Only a mid-word break continues a trainer's record; its other plain lines are their own.
         if not self.prefixed[head] and not (
@@ -402,7 +412,10 @@ def group_events(texts: Sequence[str], raw: Sequence[str] | None = None,
     raw = raw if raw is not None else texts
     prefixed = prefixed if prefixed is not None else [False] * n
     marks = _marks(texts, prefixed) if n else []
-    fold = _Folder(texts, raw, prefixed, _terminal_widths(texts, raw, prefixed, marks))
+    cuts = own_width_cuts(texts, raw, prefixed, (_RECORD, _DEVICE_LINE))
+    if cuts:
+        marks = sorted(set(marks).union(cuts))
+    fold = _Folder(texts, raw, prefixed, _terminal_widths(texts, raw, prefixed, marks), cuts)
     i = pos = 0
     while i < n:
         if not fold.tracebacks and not fold.exc_event:

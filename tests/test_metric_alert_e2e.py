@@ -151,7 +151,7 @@ def test_dcgm_scrapes_and_alerts_become_incidents(tmp_path: Path, exporter: str)
     assert got == {
         ("gpu_lost", "gpu-node-07", "3", True, "replace_node"),
         ("gpu_memory", "gpu-node-07", "5", True, "reset_gpu"),
-        ("node", "gpu-node-09", None, True, "replace_node"),
+        ("node", "gpu-node-09", None, False, "notify"),
     }
     assert not [i for i in found if i["root_cause"]["node"] == "gpu-node-11"], "a resolved alert opens nothing"
     gpu5 = next(i for i in found if i["root_cause"]["gpu"] == "5")

@@ -147,7 +147,8 @@ def alert(name: str, status: str = "firing", **labels: str) -> Signal:
 
 def test_alert_rules(ev: SignalEvaluator) -> None:
     (f,) = ev.match([alert("KubeNodeNotReady", node="gpu-node-09", condition="Ready")])
-    assert (f.fault_class, f.where.node, f.recommended_action) == (FaultClass.NODE, "gpu-node-09", Action.REPLACE_NODE)
+    assert (f.fault_class, f.where.node, f.hardware, f.recommended_action) == (
+        FaultClass.NODE, "gpu-node-09", False, Action.NOTIFY), "NotReady alone: software, a person looks"
     (npd,) = ev.match([alert("KubeNodeCondition", condition="ReadonlyFilesystem")])
     assert npd.fault_class is FaultClass.STORAGE and npd.hardware
     (xid,) = ev.match([alert("GpuXidError", gpu="3", pci="00000000:3B:00.0", err_code="79")])

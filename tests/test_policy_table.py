@@ -93,6 +93,9 @@ TABLE = [
     ("xfs-corruption", "storage", True, "replace_node", "hardware-replace-approval/replace-node", "approval"),
     ("host-edac-ue", "node", True, "replace_node", "hardware-replace-approval/replace-node", "approval"),
     ("host-kernel-panic", "node", True, "reboot_node", "hardware-reboot-approval/reboot-node", "approval"),
+    # A node NotReady, or its kubelet no longer posting status, on its own: software until hardware shows.
+    ("node-not-ready", "node", False, "notify", "application-fault/notify", "auto"),
+    ("kubelet-stopped-posting-status", "node", False, "notify", "application-fault/notify", "auto"),
     ("pcie-aer-uncorrected-nonfatal", "pcie", True, "reset_gpu", "hardware-reset-approval/reset-gpu", "approval"),
     ("pcie-bandwidth-limited", "pcie", True, "notify", "notify-operator/notify", "auto"),
 ]

@@ -1,7 +1,8 @@
 """Kernel log: ``/dev/kmsg`` records, or ``kern.log``-style files as an alternative.
 
 A ``/dev/kmsg`` record is ``<pri>,<seq>,<usec>,<flags>[,...];<message>`` followed
-by continuation lines that start with a space (``KEY=value``). Each ``read()``
+by continuation lines that start with a space (``KEY=value``); the flags say whether the record is a
+piece of a line printed with ``pr_cont`` (``c``, then ``+``), which is joined back. Each ``read()``
 on the device returns one record; when the ring buffer overwrote records the
 reader had not seen, ``read()`` fails once with EPIPE and reading goes on from
 the oldest record still there. Sequence numbers restart at boot, so ids and
@@ -42,6 +43,14 @@ class KmsgRecord:
     """Message text with ``\\xNN`` escapes decoded."""
     fields: Mapping[str, str]
     """Continuation ``KEY=value`` pairs (``SUBSYSTEM``, ``DEVICE``)."""
+    flag: str = "-"
+    """``-`` for a whole line; ``c`` for a line's first fragment and ``+`` for its later ones (kernels before
+    4.9 stored each ``pr_cont`` piece as a record of its own; later ones flag assembled lines ``c``)."""
+
+    @property
+    def continues(self) -> bool:
+        """The record is a fragment of a line whose later fragments may follow."""
+        return self.flag in ("c", "+")
 
     @property
     def level(self) -> int:
@@ -82,7 +91,8 @@ def _record(head: str, fields: dict[str, str]) -> KmsgRecord | None:
         return None
     if "\\x" in message:
         message = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), message)
-    return KmsgRecord(pri, seq, usec, message, fields)
+    flag = parts[3][:1] if len(parts) > 3 and parts[3] else "-"
+    return KmsgRecord(pri, seq, usec, message, fields, flag)
 
 
 def kernel_events(records: Sequence[KmsgRecord]) -> list[tuple[int, str]]:
@@ -94,11 +104,12 @@ def kernel_events(records: Sequence[KmsgRecord]) -> list[tuple[int, str]]:
     """
     if not records:
         return []
+    messages = _joined_fragments(records)
     texts: list[str] = []
     prefixed: list[bool] = []
     owner: list[int] = []
-    for k, rec in enumerate(records):
-        first, *rest = rec.message.split("\n")
+    for k, message in messages.items():
+        first, *rest = message.split("\n")
         texts.append(first)
         prefixed.append(True)
         owner.append(k)
@@ -115,8 +126,22 @@ def kernel_events(records: Sequence[KmsgRecord]) -> list[tuple[int, str]]:
             # A record's later line the fold left on its own is still part of its record's signal.
             out[-1] = (first_rec, out[-1][1] + " " + grouped.texts[n].strip())
             continue
-        single = first_rec == last_rec and "\n" not in records[first_rec].message
-        out.append((first_rec, records[first_rec].message if single else grouped.texts[n]))
+        single = first_rec == last_rec and "\n" not in messages[first_rec]
+        out.append((first_rec, messages[first_rec] if single else grouped.texts[n]))
+    return out
+
+
+def _joined_fragments(records: Sequence[KmsgRecord]) -> dict[int, str]:
+    """Each line's message by the index of its first record: a ``+`` fragment after a ``c`` or ``+`` one is
+    the rest of that line (pieces carry their own spacing, so they join with nothing between)."""
+    out: dict[int, str] = {}
+    head = -1
+    for k, rec in enumerate(records):
+        if rec.flag == "+" and head >= 0 and records[k - 1].continues:
+            out[head] += rec.message
+            continue
+        head = k
+        out[k] = rec.message
     return out
 
 
@@ -228,7 +253,8 @@ class KmsgSource:
         self._held = []
         if events and self.hold_s > 0:
             first, text = events[-1]
-            if may_continue(text) and self.monotonic() - records[-1].usec / 1e6 < self.hold_s:
+            if ((may_continue(text) or records[-1].continues)
+                    and self.monotonic() - records[-1].usec / 1e6 < self.hold_s):
                 self._held = records[first:]
                 events.pop()
         signals: list[Signal] = []
