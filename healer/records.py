@@ -45,6 +45,7 @@ class StepState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # in flight when the service was killed, in a plan an operator had decided: not rerun
 
 
 class PlanState(StrEnum):
