@@ -133,15 +133,10 @@ def test_a_step_in_flight_at_kill_9_in_a_decided_plan_is_closed_on_restart_once(
             assert step["state"] == "interrupted", step
             assert "restart" in step["result"] and decided in step["result"], step
             first = world.journaled(drain["id"])
-            # The restarted loop ran rounds after closing it (another node's fault is cordoned): nothing ran again.
+            # The restarted loop ran rounds after closing it (another node's fault is cordoned): nothing ran again,
+            # and the step was journaled once (nor does a second restart close it: tests/test_interrupted_steps.py).
             _fault(again[0], "gpu-2")
             until("gpu-2 cordoned", lambda: "gpu-2" in world.cordons)
-            assert len(world.evictions) == evicted, world.evictions
-            again[0].stop()
-            # A second restart finds nothing to close: the step was journaled once.
-            again.append(world.serve("third"))
-            _fault(again[1], "gpu-3")
-            until("gpu-3 cordoned", lambda: "gpu-3" in world.cordons)
             assert world.journaled(drain["id"]) == first
             assert len(world.evictions) == evicted, world.evictions
         except AssertionError as exc:
