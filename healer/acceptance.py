@@ -7,14 +7,13 @@ failed stays tainted until an operator releases it again. Pure: nodes and plans 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from healer.cluster import NodeInfo
 from healer.keys import FAULT_TAINT_KEY, UNVALIDATED_TAINT_KEY
 from healer.policy_file import PolicyFile
-from healer.records import FINAL_PLAN_STATES, ActionStep, Mode, Plan, PlanState, StepKind
+from healer.records import FINAL_PLAN_STATES, ActionStep, Mode, Plan, PlanState, StepKind, unique_plan_id
 
 POLICY_PREFIX = "acceptance/"
 """Policy name prefix of acceptance plans."""
@@ -64,7 +63,7 @@ def candidates(nodes: Sequence[NodeInfo], known: set[str] | None, plans: Iterabl
 
 def acceptance_plan(c: Candidate, policy: PolicyFile, now: float) -> Plan:
     """Taint, run the health-check Job with the policy's checks, then lift the taint."""
-    pid = "plan-accept-" + hashlib.sha256(f"{c.node}/{now}".encode()).hexdigest()[:10]
+    pid = unique_plan_id("plan-accept-")
     v, d = policy.validation, policy.defaults
     steps = (
         ActionStep(f"{pid}-0", StepKind.TAINT, c.node, {"key": UNVALIDATED_TAINT_KEY, "value": c.why,

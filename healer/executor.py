@@ -1,7 +1,8 @@
 """Plan execution: every step journaled before it runs and after, so a crash resumes and nothing runs twice.
 
 A step found RUNNING or WAITING in the journal after a crash is run again: steps are idempotent through
-the ports (and keyed by their step id where the API is not), so it cannot apply twice. Before each step
+the ports (and keyed by their step id where the API is not), so it cannot apply twice. (In a plan an operator had
+rejected or cancelled, a step found RUNNING is closed as interrupted instead: ``kmend.interrupted``.) Before each step
 the executor checks that this replica still leads and the safety brakes; before the first step of each
 call, that nobody uncordoned the node by hand.
 """

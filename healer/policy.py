@@ -10,7 +10,7 @@ from analyzer.records import Incident
 from healer.keys import CONDITION_TYPE, FAULT_TAINT_KEY, MANAGED_LABEL
 from healer.policy_explain import explain
 from healer.policy_file import DrainScope, PlanTemplate, PolicyFile, RepairKind, StepName
-from healer.records import ActionStep, Mode, Plan, StepKind
+from healer.records import ActionStep, Mode, Plan, StepKind, unique_plan_id
 from healer.steps.node import RELEASE_WRITES, rfc3339
 
 __all__ = ["CONDITION_TYPE", "FAULT_TAINT_KEY", "MANAGED_LABEL", "PlanContext", "PolicyConfig", "choose_plan",
@@ -217,7 +217,7 @@ def choose_plan(incident: Incident, policy: PolicyFile, config: PolicyConfig, ct
 
 def operator_quarantine_plan(node: str, by: str, reason: str, now: float) -> Plan:
     """A quarantine an operator asked for through the API (it bypasses the breaker, not the journal)."""
-    pid = "plan-op-" + hashlib.sha256(f"{node}/{now}".encode()).hexdigest()[:10]
+    pid = unique_plan_id("plan-op-")
     message = f"quarantined by {by}: {reason}"
     return Plan(id=pid, incident_id="", policy="operator/quarantine", mode=Mode.AUTO,
                 steps=tuple(quarantine_steps(pid, 0, node, "operator", message, by, now)),
@@ -231,7 +231,7 @@ RELEASE_POLICY = "operator/release"
 def release_plan(node: str, by: str, now: float) -> Plan:
     """An operator's release, journaled before it acts: one step per write (``RELEASE_WRITES``), so a release cut short
     by a crash is finished on restart and no write is made twice."""
-    pid = "plan-rel-" + hashlib.sha256(f"{node}/{now}".encode()).hexdigest()[:10]
+    pid = unique_plan_id("plan-rel-")
     steps = tuple(ActionStep(f"{pid}-{i}", StepKind.RELEASE, node, {"write": w, "by": by})
                   for i, w in enumerate(RELEASE_WRITES))
     return Plan(id=pid, incident_id="", policy=RELEASE_POLICY, mode=Mode.AUTO, steps=steps,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -45,6 +46,7 @@ class StepState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # in flight when the service was killed, in a plan an operator had decided: not rerun
 
 
 class PlanState(StrEnum):
@@ -94,7 +96,7 @@ class Plan:
     """The runbook chosen for one incident."""
 
     id: str
-    """Stable id derived from the incident id (one plan per incident)."""
+    """Stable id derived from the incident id (one plan per incident); an operator's plans have their own."""
     incident_id: str
     """Incident it remediates."""
     policy: str
@@ -124,6 +126,12 @@ class Plan:
         for s in self.steps:
             merged.update(s.outputs)
         return merged
+
+
+def unique_plan_id(prefix: str) -> str:
+    """An id of its own for a plan no incident names (an operator's quarantine or release, a node's health check): two
+    made in the same clock tick are two plans, not one saved over the other."""
+    return prefix + uuid.uuid4().hex[:12]
 
 
 LOCAL_STEPS = frozenset({StepKind.EVIDENCE})

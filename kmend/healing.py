@@ -18,10 +18,7 @@ from healer import gpu_report
 from healer.acceptance import acceptance_plan, candidates
 from healer.executor import PlanExecutor, describe
 from healer.history import node_records
-from healer.keys import (
-    QUARANTINED_LABEL,
-    UNVALIDATED_TAINT_KEY,
-)
+from healer.keys import QUARANTINED_LABEL, UNVALIDATED_TAINT_KEY
 from healer.lease import Leader as Leader  # re-exported: the wiring names it from here
 from healer.notify import Announcement, Notifier, announce
 from healer.policy import (
@@ -40,6 +37,7 @@ from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
+from kmend.interrupted import close_interrupted
 from kmend.metrics import Metrics
 from kmend.planning import first_to_plan, plan_context
 from kmend.releasing import finish_release
@@ -150,7 +148,9 @@ class Healing:
             self.metrics.leader.set(1)
             now = self.ctx.clock()
             if self._runnable is None or now - self._synced_at >= self.resync_s:
-                # Once per leadership and every resync_s, not every round: the loop tracks what it runs.
+                # Once per leadership (first closing what a kill -9 left in flight in decided plans) and every resync_s.
+                if self._runnable is None:
+                    close_interrupted(self.store, self.background.running())
                 self._runnable = dict.fromkeys(self.store.runnable_plan_ids())
                 self._synced_at = now
                 self.held.resync(list(self._runnable))

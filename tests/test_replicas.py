@@ -184,7 +184,7 @@ def test_replicas_starting_together_migrate_the_schema_once(fresh_postgres_url: 
     for th in threads:
         th.join()
     assert errors == []
-    assert {s.revision() for s in stores} == {"0007"}
+    assert {s.revision() for s in stores} == {"0008"}
     for s in stores:
         s.close()
 

@@ -32,9 +32,9 @@ def test_migration_creates_every_table_at_head(database_url: str) -> None:
     tables = set(inspect(store.engine).get_table_names())
     assert {"signals", "findings", "incidents", "plans", "plan_steps", "alembic_version", "audit_log", "breaker",
             "node_requests", "leases_seen", "replica_feed", "feed_cursor"} <= tables
-    assert store.revision() == "0007"
+    assert store.revision() == "0008"
     store.migrate()  # idempotent
-    assert store.revision() == "0007"
+    assert store.revision() == "0008"
     from kmend.store import schema
 
     for table in schema.metadata.tables.values():  # the migrations create exactly the declared columns

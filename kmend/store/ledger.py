@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, select
 
 from healer.lease import LeaseRecord
-from healer.records import DISRUPTIVE_STEPS, StepKind, StepState
+from healer.records import DISRUPTIVE_STEPS, PlanState, StepKind, StepState
 from healer.safety import BreakerState
 from healer.steps.base import RepairRequest
 from kmend.store import schema
@@ -69,7 +69,8 @@ class Ledger:
         s = schema.steps
         q = (select(s.c.node).distinct()
              .where(s.c.kind == StepKind.CORDON.value, s.c.updated_at >= since, s.c.plan_id != exclude_plan,
-                    s.c.state.in_([StepState.RUNNING.value, StepState.SUCCEEDED.value])))
+                    # A cordon cut short by a kill -9 (interrupted) may have reached the server: it counts.
+                    s.c.state.in_([StepState.RUNNING.value, StepState.SUCCEEDED.value, StepState.INTERRUPTED.value])))
         with self.engine.connect() as conn:
             return {r[0] for r in conn.execute(q) if r[0]}
 
@@ -86,6 +87,16 @@ class Ledger:
                                                       disrupted)
         with self.engine.connect() as conn:
             return int(conn.execute(q).scalar_one())
+
+    def decided_in_flight(self, states: Sequence[PlanState]) -> list[str]:
+        """Ids of the plans in ``states`` (decided by an operator) with a step journaled running, oldest first: a
+        kill -9 landed while that step ran, after the decision was journaled."""
+        p, s = schema.plans, schema.steps
+        q = (select(p.c.id, p.c.created_at).distinct().select_from(s.join(p, s.c.plan_id == p.c.id))
+             .where(s.c.state == StepState.RUNNING.value, p.c.state.in_([x.value for x in states]))
+             .order_by(p.c.created_at, p.c.id))
+        with self.engine.connect() as conn:
+            return [r[0] for r in conn.execute(q)]
 
     def restarts_of(self, job: str, *, exclude_plan: str) -> list[float]:
         s, p = schema.steps, schema.plans

@@ -78,6 +78,7 @@ plans = Table(
     Index("ix_plans_incident", "incident_id"),
     Index("ix_plans_node", "node"),
     Index("ix_plans_state_updated", "state", "updated_at"),
+    Index("ix_plans_started", "started_at"),
 )
 
 steps = Table(
