@@ -21,7 +21,7 @@ CORPUS = Path(__file__).parent / "corpus"
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
     "dev": {"class_accuracy": 0.98, "hardware_accuracy": 0.979, "action_accuracy": 0.983},
-    "heldout": {"class_accuracy": 0.793, "hardware_accuracy": 0.812, "action_accuracy": 0.81},
+    "heldout": {"class_accuracy": 0.789, "hardware_accuracy": 0.808, "action_accuracy": 0.806},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 0}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
