@@ -21,7 +21,7 @@ CORPUS = Path(__file__).parent / "corpus"
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
     "dev": {"class_accuracy": 0.98, "hardware_accuracy": 0.979, "action_accuracy": 0.983},
-    "heldout": {"class_accuracy": 0.789, "hardware_accuracy": 0.808, "action_accuracy": 0.806},
+    "heldout": {"class_accuracy": 0.787, "hardware_accuracy": 0.805, "action_accuracy": 0.804},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 0}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
