@@ -21,15 +21,15 @@ CORPUS = Path(__file__).parent / "corpus"
 # The README's "Real-log corpus" section states these; a drop below them fails the build.
 FLOORS = {
     "dev": {"class_accuracy": 0.98, "hardware_accuracy": 0.979, "action_accuracy": 0.983},
-    "heldout": {"class_accuracy": 0.805, "hardware_accuracy": 0.814, "action_accuracy": 0.818},
+    "heldout": {"class_accuracy": 0.787, "hardware_accuracy": 0.805, "action_accuracy": 0.804},
 }
 MAX_BENIGN_ALARMS = {"dev": 0, "heldout": 0}
 # New threads are harder than the old on average, so the whole held-out half can sit lower after a
 # round that adds many; the excerpts that were already there must not lose ground. Round 10's files
-# (round10-*.yaml), round 11's (round11-*.yaml) and round 12's (round12-*.yaml) are newer still and are
-# not among the earlier ones either.
+# (round10-*.yaml), round 11's (round11-*.yaml), round 12's (round12-*.yaml) and round 13's
+# (round13-*.yaml) are newer still and are not among the earlier ones either.
 LATEST_ROUND = "round9-mixed.yaml"
-NEWER_ROUNDS_PREFIX = ("round10-", "round11-", "round12-")
+NEWER_ROUNDS_PREFIX = ("round10-", "round11-", "round12-", "round13-")
 EARLIER_HELDOUT_FLOORS = {"class_accuracy": 0.867, "hardware_accuracy": 0.885, "action_accuracy": 0.870}
 
 
