@@ -44,4 +44,4 @@ def log_events(text: str, *, source: str | None, node: str) -> list[Signal]:
     [file] = bundle.files()
     file = replace(file, kind=LogKind(source) if source else LogKind.AUTO, node_hint=node)
     lines = bundle.lines(file)
-    return [bundle.signal(lines, i) for i in range(len(lines.texts))]
+    return [bundle.signal(lines, i) for i, event in enumerate(lines.texts) if event.strip()]

@@ -58,3 +58,7 @@ def test_rules_test_names_what_analyze_finds(entries: dict[str, CorpusEntry], en
         [event] = [ev for ev in events if ev["matches"]]
         assert len(event["event"]) > max(len(ln) for ln in entry.text.splitlines())
         assert len(events) < len([ln for ln in entry.text.splitlines() if ln.strip()])
+
+
+def test_blank_lines_are_no_events() -> None:
+    assert _kmend("rules", "test", "--file", "-", "--json", stdin="\n  \n\n")["events"] == []
