@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import time
+from dataclasses import replace
 
+from collector.bundle import BundleSource, LogKind
 from collector.metric_files import looks_like_scrape, sample_json_signals, scrape_signals, webhook_signals
-from collector.signal import LogLine, Signal, Source
+from collector.signal import Signal
 
 
 def events_of(text: str, *, source: str | None, node: str) -> list[Signal]:
-    """An Alertmanager webhook body, JSON metric samples, Prometheus text, or else log lines."""
+    """An Alertmanager webhook body, JSON metric samples, Prometheus text, or else log events (:func:`log_events`)."""
     now = time.time()
     stripped = text.strip()
     if stripped.startswith(("{", "[")):
@@ -30,5 +33,15 @@ def events_of(text: str, *, source: str | None, node: str) -> list[Signal]:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if looks_like_scrape("", lines):
         return scrape_signals("input", "\n".join(lines) + "\n", node=None, ts=now, default_node=node)
-    src = Source(source) if source else Source.KERNEL
-    return [Signal(f"{node}/test/{i}", node, src, now, LogLine(ln)) for i, ln in enumerate(lines)]
+    return log_events(text, source=source, node=node)
+
+
+def log_events(text: str, *, source: str | None, node: str) -> list[Signal]:
+    """Log text read as ``kmend analyze`` reads a file: container-runtime, kubectl and transport prefixes off,
+    lines a terminal or forum wrapped joined back, multi-line events (AER dumps, NVRM messages, tracebacks)
+    folded into one; ``node`` for the events whose line names none."""
+    bundle = BundleSource(["-"], stdin=io.BytesIO(text.encode()))
+    [file] = bundle.files()
+    file = replace(file, kind=LogKind(source) if source else LogKind.AUTO, node_hint=node)
+    lines = bundle.lines(file)
+    return [bundle.signal(lines, i) for i, event in enumerate(lines.texts) if event.strip()]

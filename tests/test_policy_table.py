@@ -96,6 +96,11 @@ TABLE = [
     # A node NotReady, or its kubelet no longer posting status, on its own: software until hardware shows.
     ("node-not-ready", "node", False, "notify", "application-fault/notify", "auto"),
     ("kubelet-stopped-posting-status", "node", False, "notify", "application-fault/notify", "auto"),
+    # A stalled PLEG (a hung runtime), a kubelet that failed to start (its configuration), no driver loaded
+    # under the container hook (an install left undone): software, notify, on their own.
+    ("kubelet-pleg-unhealthy", "node", False, "notify", "application-fault/notify", "auto"),
+    ("kubelet-failed-to-start", "node", False, "notify", "application-fault/notify", "auto"),
+    ("nvidia-driver-not-loaded", "node", False, "notify", "application-fault/notify", "auto"),
     ("pcie-aer-uncorrected-nonfatal", "pcie", True, "reset_gpu", "hardware-reset-approval/reset-gpu", "approval"),
     ("pcie-bandwidth-limited", "pcie", True, "notify", "notify-operator/notify", "auto"),
 ]

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t = rsub.add_parser("test", help="show which rule matches each event and why",
                         description="Explain log lines, metric samples or Alertmanager alerts against the rules.")
     t.add_argument("line", nargs="?", help="one event: a log line, an exposition line or JSON")
-    t.add_argument("--file", type=Path, help="events from a file (- for stdin)")
+    t.add_argument("--file", type=Path, help="events from a file (- for stdin); logs read as `kmend analyze` does")
     t.add_argument("--source", choices=["kernel", "container"], help="log source (default: rules of any source)")
     t.add_argument("--node", default="test-node", help="node name for events that name none")
     t.add_argument("--json", action="store_true", help="print JSON")
