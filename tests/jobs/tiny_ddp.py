@@ -9,8 +9,7 @@ before that step; with KMEND_TEST_HANG_WHERE=collective it logs the step first a
 blocks before the gradient all-reduce, so every rank logs the same last step and the
 others wait inside it), KMEND_TEST_STEPS, KMEND_TEST_GLOO_TIMEOUT_S,
 KMEND_TEST_LOG_DIR (per-rank log files, as a container log would hold them),
-KMEND_TEST_FR_DIR (Flight Recorder dumps written when a collective fails) and
-KMEND_TEST_FINISH (call the hook's ``finish()`` after the last step).
+and KMEND_TEST_FR_DIR (Flight Recorder dumps written when a collective fails).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from collector.progress_hook import finish, report_step
+from collector.progress_hook import report_step
 
 
 def main() -> None:
@@ -74,8 +73,6 @@ def main() -> None:
             (Path(fr_dir) / f"rank{rank}").write_bytes(_dump_fr_trace())
         log.close()
         sys.exit(1)
-    if env.get("KMEND_TEST_FINISH"):
-        finish()
     log.close()
     dist.destroy_process_group()
 
