@@ -34,8 +34,11 @@ typecheck: $(VENV)/.installed-dev
 # Two workers on CI's two cores: the long real-job, real-server and browser tests run beside the fast ones.
 PYTEST_WORKERS ?= 2
 
+# The project's modules are compiled once before the run: the tests start `kmend serve` and `kmend agent` a few
+# hundred times, and with PYTHONDONTWRITEBYTECODE set (as on CI) each start would compile them again.
 unit: $(VENV)/.installed-dev
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --durations=15
+	$(BIN)/python -m compileall -q -j 2 analyzer collector healer kmend models sim tests
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --durations=30
 
 test: lint typecheck unit
 
