@@ -120,10 +120,14 @@ class Job:
         self.root, self.name, self.world = root, name, world
         self.pods: list[Pod] = []
         port = free_port()
+        # The job's temporary files (the Trainer's output directory, checkpoints included) stay in the test's own
+        # directory, which pytest removes: in the system's they were left behind by every run, some 66 MB each.
+        tmp = root.parent / f"tmp-{name}"
+        tmp.mkdir(exist_ok=True)
         for r in range(world):
             pod = f"{name}-worker-{r}"
             penv = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HOSTNAME": pod,
-                    "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", **(env or {})}
+                    "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp), **(env or {})}
             if fault is not None and fault.get("KMEND_FAULT_RANK") == str(r):
                 penv.update(fault)
                 penv["PYTHONPATH"] = os.pathsep.join([str(INJECT), penv.get("PYTHONPATH", "")])
@@ -159,9 +163,11 @@ class Proc:
     """A kmend subcommand as its own process."""
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str]) -> None:
+        # Its temporary files (a survey's samples, left by a process stopped in the middle) stay beside its log.
         with open(log, "ab") as fh:
             self.p = subprocess.Popen([sys.executable, "-m", "kmend.cli", *args], cwd=REPO,
-                                      env={**os.environ, **env}, stdout=fh, stderr=subprocess.STDOUT)
+                                      env={**os.environ, "TMPDIR": str(log.parent), **env}, stdout=fh,
+                                      stderr=subprocess.STDOUT)
         self.log = log
 
     def stop(self) -> None:
