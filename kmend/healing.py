@@ -41,7 +41,7 @@ from healer.steps.base import RepairRequest, StepContext
 from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.metrics import Metrics
-from kmend.planning import in_turn, plan_context, settle
+from kmend.planning import Restored, plan_context, settle
 from kmend.releasing import finish_release
 from kmend.store import Store
 
@@ -86,12 +86,8 @@ class Healing:
         """The most new incidents a round plans for (most severe, then oldest first); the rest go to the next rounds."""
         self.backlog = 0
         """New incidents the last round left to the next ones: the loop starts the next round at once."""
-        self.restored: set[str] = set()
-        """Ids of the incidents found open at start with no plan yet (the service sets them): planned after every new
-        one, at most ``restored_per_round`` a round (all at once, a hundred held the core for a quarter second)."""
-        self.restored_per_round = restored_per_round
-        self.restored_left = 0
-        """Of those, how many the last round left to later ones: the loop paces those rounds."""
+        self.restored = Restored(restored_per_round, new_per_round)
+        """The incidents found open at start with no plan yet: a paced slice a round (the service sets them)."""
         self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock,
                            quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
@@ -136,7 +132,7 @@ class Healing:
         says new work has come, the round stops resuming plans so that the caller can start the next one.
         A round plans for at most ``new_per_round`` new incidents, most severe and oldest first (``in_turn``): a new
         fault goes ahead of the lesser ones still waiting, and while some wait (``backlog``) a round resumes older plans
-        as if interrupted; those found open at start come last, ``restored_per_round`` a round, in the loop's pace.
+        as if interrupted; those found open at start come last, a slice a round (``Restored``), in the loop's pace.
 
         ``detach`` (the service's loop): the round makes only cordons; the rest of new plans' quarantines and every
         later step of new or resumed plans go on in the background (``kmend.background``), not before the next fault.
@@ -206,13 +202,11 @@ class Healing:
             self._plan_ids = self.store.plan_ids()
         known = self._plan_ids
         made: list[Plan] = []
-        new = in_turn([inc for inc in incidents if inc.state in ACTIVE and plan_id_for(inc) not in known],
-                      self.restored)
-        self.backlog = self.restored_left = taken = 0
+        new = self.restored.order([inc for inc in incidents if inc.state in ACTIVE and plan_id_for(inc) not in known])
+        self.backlog = 0
         for at, inc in enumerate(new):
-            if len(made) >= self.new_per_round or (taken >= self.restored_per_round and inc.id in self.restored):
-                self.restored_left = sum(1 for i in new[at:] if i.id in self.restored)
-                self.backlog = len(new) - at - self.restored_left
+            if len(made) >= self.new_per_round or self.restored.full(inc):
+                self.backlog = self.restored.cut(new[at:])
                 break
             first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
             if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
@@ -238,8 +232,7 @@ class Healing:
             elif plan.mode is not Mode.AUTO:
                 self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
-            taken += inc.id in self.restored
-            self.restored.discard(inc.id)
+            self.restored.planned(inc)
         made = [self._track(p) for p in self._quarantine(made, detach)]
         for ask in filter(None, map(gpu_report.report_request, made)):  # after every cordon of the round
             self.store.ledger.open(ask)

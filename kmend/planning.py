@@ -3,7 +3,7 @@ from the cluster's watches and the journal; and how an incident follows its plan
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from analyzer.records import SEVERITY_RANK, Incident, IncidentState
 from healer.cluster import NotFoundError
@@ -23,12 +23,55 @@ def first_to_plan(inc: Incident) -> tuple[int, bool, float, str]:
     return (-SEVERITY_RANK[inc.severity], not inc.hardware, inc.opened_at, inc.id)
 
 
-def in_turn(new: list[Incident], restored: set[str]) -> list[Incident]:
-    """The order new incidents are planned for (``first_to_plan``), those found open at start (`restored`, which
-    forgets the ids no longer waiting) after every other: a fault arriving now is not queued behind them."""
-    if restored:
-        restored.intersection_update(inc.id for inc in new)
-    return sorted(new, key=lambda inc: (inc.id in restored, first_to_plan(inc)))
+class Restored:
+    """The incidents found open at start with no plan yet: planned for after every new incident, a slice a round.
+
+    All at once, a hundred held the process's core for a quarter of a second, thousands for seconds, and the first
+    batches ingested after start waited behind them. The first slice is small; each full slice after it is twice the
+    last, up to the round's bound (the rounds' own reading of every open incident is then spread over fewer of them),
+    and the loop paces those rounds (``pause``).
+    """
+
+    def __init__(self, first: int, most: int) -> None:
+        self.first = first
+        """The first round's slice."""
+        self.most = most
+        """The largest slice."""
+        self.ids: set[str] = set()
+        """Their ids, each until it is planned for, resolved or gone."""
+        self.left = 0
+        """How many of them the last round left to later ones."""
+        self._slice = first
+        self._taken = 0
+
+    def start(self, ids: Iterable[str]) -> None:
+        """The incidents put back from the store (a start, a replica taking the Lease): the next slice is the first."""
+        self.ids, self._slice = set(ids), self.first
+
+    def order(self, new: list[Incident]) -> list[Incident]:
+        """A round's new incidents in the order they are planned for (``first_to_plan``), those found open at start
+        after every other: a fault arriving now is not queued behind them."""
+        if self.ids:
+            self.ids.intersection_update(inc.id for inc in new)
+        self.left = self._taken = 0
+        return sorted(new, key=lambda inc: (inc.id in self.ids, first_to_plan(inc)))
+
+    def full(self, inc: Incident) -> bool:
+        """Whether the round has taken its slice and `inc` is one of them (it waits for a later round)."""
+        return self._taken >= self._slice and inc.id in self.ids
+
+    def planned(self, inc: Incident) -> None:
+        """`inc` got its plan this round."""
+        if inc.id in self.ids:
+            self.ids.discard(inc.id)
+            self._taken += 1
+
+    def cut(self, rest: list[Incident]) -> int:
+        """The round stops before `rest`: how many of them are new (the next round starts at once for those)."""
+        self.left = sum(1 for i in rest if i.id in self.ids)
+        if self.left and self._taken >= self._slice:
+            self._slice = min(2 * self._slice, self.most)
+        return len(rest) - self.left
 
 
 RESTORED_SHARE = 0.25

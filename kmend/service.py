@@ -154,7 +154,7 @@ class Kmend:
         # a counter that did not move is not an increase from zero.
         self.signals.restore(self.store.metric_series())
         self.rebuild()
-        self.healing.restored = {inc.id for inc in self.analyzer.correlator.active()}  # planned for in a paced turn
+        self.healing.restored.start(inc.id for inc in self.analyzer.correlator.active())  # planned for in a paced turn
         for started in self.on_start:
             started()
         self.ready = True
@@ -457,7 +457,7 @@ class Kmend:
                 except Exception:
                     log.exception("metrics refresh failed")
             if not more:
-                self._wake.wait(pause(self.healing.restored_left, time.monotonic() - began, self.healer.interval_s))
+                self._wake.wait(pause(self.healing.restored.left, time.monotonic() - began, self.healer.interval_s))
 
     # -- views -------------------------------------------------------------------------
 
