@@ -39,7 +39,7 @@ from kmend.background import AFTER_CORDON, Background, next_kind
 from kmend.held import RateHeld
 from kmend.interrupted import close_interrupted
 from kmend.metrics import Metrics
-from kmend.planning import first_to_plan, plan_context
+from kmend.planning import Restored, plan_context, settle
 from kmend.releasing import finish_release
 from kmend.store import Store
 
@@ -66,7 +66,7 @@ class Healing:
     def __init__(self, store: Store, ctx: StepContext, policy: PolicyFile, config: PolicyConfig, leader: Leader,
                  metrics: Metrics, *, symptom_settle_s: float, sleep: Callable[[float], None] | None = None,
                  resume_s: float = 1.0, resume_max_s: float = 30.0, parallel: int = 8, resync_s: float = 30.0,
-                 new_per_round: int = 64) -> None:
+                 new_per_round: int = 64, restored_per_round: int = 8) -> None:
         self.store = store
         self.ctx = ctx
         self.policy = policy
@@ -84,6 +84,8 @@ class Healing:
         """The most new incidents a round plans for (most severe, then oldest first); the rest go to the next rounds."""
         self.backlog = 0
         """New incidents the last round left to the next ones: the loop starts the next round at once."""
+        self.restored = Restored(restored_per_round, new_per_round)
+        """The incidents found open at start with no plan yet: a paced slice a round (the service sets them)."""
         self.guard = Guard(store.ledger, policy.safety, ctx.cluster.list_nodes, ctx.clock,
                            quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
@@ -126,9 +128,9 @@ class Healing:
         whose step waits is asked again after ``resume_s`` (a repair or health check: twice as long each time
         nothing changed, up to ``resume_max_s``), and at once when a request is answered. Once ``interrupted()``
         says new work has come, the round stops resuming plans so that the caller can start the next one.
-        A round plans for at most ``new_per_round`` new incidents, most severe and oldest first (``first_to_plan``):
-        thousands open at start take many short rounds, a new fault goes ahead of the lesser ones still waiting, and
-        while some wait (``backlog``) a round resumes older plans as if interrupted.
+        A round plans for at most ``new_per_round`` new incidents, most severe and oldest first (``in_turn``): a new
+        fault goes ahead of the lesser ones still waiting, and while some wait (``backlog``) a round resumes older plans
+        as if interrupted; those found open at start come last, a slice a round (``Restored``), in the loop's pace.
 
         ``detach`` (the service's loop): the round makes only cordons; the rest of new plans' quarantines and every
         later step of new or resumed plans go on in the background (``kmend.background``), not before the next fault.
@@ -200,12 +202,11 @@ class Healing:
             self._plan_ids = self.store.plan_ids()
         known = self._plan_ids
         made: list[Plan] = []
-        new = [inc for inc in incidents if inc.state in ACTIVE and plan_id_for(inc) not in known]
-        new.sort(key=first_to_plan)
+        new = self.restored.order([inc for inc in incidents if inc.state in ACTIVE and plan_id_for(inc) not in known])
         self.backlog = 0
         for at, inc in enumerate(new):
-            if len(made) >= self.new_per_round:
-                self.backlog = len(new) - at
+            if len(made) >= self.new_per_round or self.restored.full(inc):
+                self.backlog = self.restored.cut(new[at:])
                 break
             first = self._first_seen.setdefault(f"{inc.id}/{inc.root_finding.id}", now)
             if inc.root_finding.is_symptom_class and now - first < self.symptom_settle_s:
@@ -231,6 +232,7 @@ class Healing:
             elif plan.mode is not Mode.AUTO:
                 self._announce(Announcement.PLAN_CREATED, plan)
             made.append(plan)
+            self.restored.planned(inc)
         made = [self._track(p) for p in self._quarantine(made, detach)]
         for ask in filter(None, map(gpu_report.report_request, made)):  # after every cordon of the round
             self.store.ledger.open(ask)
@@ -332,16 +334,7 @@ class Healing:
             self._runnable.pop(plan.id, None)
         return plan
 
-    @staticmethod
-    def _settle(done: Plan, set_state: Callable[[str, IncidentState, str], None]) -> Plan:
-        """The incident follows its plan: remediating once the node is quarantined, resolved once it is back."""
-        if done.incident_id:
-            quarantined = any(s.kind is StepKind.EVENT and s.state is StepState.SUCCEEDED for s in done.steps)
-            if done.state is PlanState.SUCCEEDED and any(s.node for s in done.steps if s.kind is StepKind.RETURN):
-                set_state(done.incident_id, IncidentState.RESOLVED, f"plan {done.id} returned {done.node} to the pool")
-            elif quarantined:
-                set_state(done.incident_id, IncidentState.REMEDIATING, f"node {done.node} quarantined by {done.id}")
-        return done
+    _settle = staticmethod(settle)
 
     def _count_step(self, plan: Plan, step: Any) -> None:
         self.metrics.actions.labels(step.kind.value, step.state.value).inc()

@@ -132,6 +132,7 @@ class Replicas:
         """Put back the incidents as the last leader stored them, then continue from its cursor."""
         k = self.kmend
         k.rebuild()
+        k.healing.restored.start(inc.id for inc in k.analyzer.correlator.active())  # as at a start: paced
         k.store.reload_seq()
         self._cursor = self.feed.cursor()
         self.leading = True

@@ -38,6 +38,7 @@ from kmend import views
 from kmend.grouped import GroupedIngest, report_failures
 from kmend.healing import Healing, Leader
 from kmend.metrics import Metrics
+from kmend.planning import pause
 from kmend.store import IngestOutcome, Store
 from kmend.store.group import WriteSet
 from kmend.store.retention import Retention
@@ -49,9 +50,6 @@ if TYPE_CHECKING:
 _SOURCE = attrgetter("source")
 
 log = logging.getLogger("kmend.service")
-
-ACTIVE = (IncidentState.OPEN, IncidentState.REMEDIATING)
-
 
 @dataclass(frozen=True, slots=True)
 class HealerConfig:
@@ -156,6 +154,7 @@ class Kmend:
         # a counter that did not move is not an increase from zero.
         self.signals.restore(self.store.metric_series())
         self.rebuild()
+        self.healing.restored.start(inc.id for inc in self.analyzer.correlator.active())  # planned for in a paced turn
         for started in self.on_start:
             started()
         self.ready = True
@@ -436,6 +435,7 @@ class Kmend:
             except Exception:
                 log.exception("reading the replica feed failed")
             more = False  # new incidents left to the next round: it starts at once (not after a failed round)
+            began = time.monotonic()
             try:
                 self.heal_once(interrupted=self._wake.is_set, detach=True)
                 self.metrics.healer_round.set_to_current_time()
@@ -457,7 +457,7 @@ class Kmend:
                 except Exception:
                     log.exception("metrics refresh failed")
             if not more:
-                self._wake.wait(self.healer.interval_s)
+                self._wake.wait(pause(self.healing.restored.left, time.monotonic() - began, self.healer.interval_s))
 
     # -- views -------------------------------------------------------------------------
 

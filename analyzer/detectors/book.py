@@ -53,6 +53,11 @@ class RankState:
     """Evidence: the signal of the last advance."""
     times: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     """Per-step own-work seconds (compute phases, else step time), newest last."""
+    samples: int = 0
+    """Samples appended to `times` so far: a reader that kept the newest ones reads only those added since."""
+    edits: int = 0
+    """Times `times` lost or replaced samples it had (cleared when phases began, its newest replaced by the hook's
+    report of that step): a reader that kept samples reads `times` again."""
     has_phases: bool = False
     """The rank reports phases (the hook): then only phased samples enter `times`, never a log line's."""
     sample_step: int = -1
@@ -303,7 +308,9 @@ class JobBook:
         if phased and not rank.has_phases:
             rank.times.clear()  # from now on, own work only
             rank.has_phases = True
+            rank.edits += 1
         rank.times.append(own)
+        rank.samples += 1
         rank.sample_step, rank.sample_phased = ev.step if ev.step is not None else -1, phased
         if phased and ev.phases_sd and ev.step is not None and (got := _own_range(ev)) is not None:
             rank.ranges.append((ev.step, *got))
@@ -318,6 +325,7 @@ class JobBook:
                 return  # already have it
             if rank.times:
                 rank.times.pop()
+                rank.edits += 1
         self._sample(rank, ev, None)
 
     def observe_metric(self, sig: Signal) -> None:

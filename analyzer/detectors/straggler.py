@@ -25,6 +25,7 @@ import numpy as np
 
 from analyzer.detectors.arrivals import common_arrivals, lag_window
 from analyzer.detectors.book import JobBook, JobState
+from analyzer.detectors.own_times import OwnWindows
 from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 from models.isolation import NodeOutlierModel
 from models.robust import MAD_TO_SIGMA, RobustScorer
@@ -112,6 +113,8 @@ class StragglerDetector:
         self._lag_mark: dict[str, tuple[tuple[int, tuple[int, ...]], list[int], np.ndarray] | None] = {}
         """Job -> ((run, ranks), common steps, arrival times) of its last arrival-lag score: the next reads only the
         steps reported since."""
+        self._own: dict[str, tuple[int, OwnWindows]] = {}
+        """Job -> (run, its ranks' newest own-time samples), kept from the samples added since the last score."""
 
     def forget(self, job: str) -> None:
         """Drop the episodes of a job that left the book."""
@@ -121,6 +124,7 @@ class StragglerDetector:
         self._lags = {k: e for k, e in self._lags.items() if k[0] != job}
         self._range_at.pop(job, None)
         self._lag_mark.pop(job, None)
+        self._own.pop(job, None)
 
     def evaluate(self, now: float) -> list[Finding]:
         """Findings for jobs whose step advanced since the last evaluation (the arrival lag also when a late rank
@@ -162,11 +166,16 @@ class StragglerDetector:
         ranged = self._score_ranges(name, job, now, hw) if cfg.persistence_in_steps else None
         if ranged is not None or not stepped:
             return ranged or []
+        run, own = self._own.get(name, (-1, None))
+        if own is None or run != job.run:
+            own = OwnWindows(cfg.window)
+            self._own[name] = (job.run, own)
+        own.update([(r, s) for r, s in job.ranks.items() if r >= 0])
         ranks = [r for r, s in job.ranks.items() if r >= 0 and len(s.times) >= cfg.min_samples]
         if len(ranks) < cfg.min_ranks:
             return []
-        m = min(cfg.window, min(len(job.ranks[r].times) for r in ranks))
-        rows = np.array([list(job.ranks[r].times)[-m:] for r in ranks])
+        rows = own.newest(ranks)
+        m = rows.shape[1]
         med = np.median(rows, axis=1)
         scorer = RobustScorer().fit(med)
         z, slow = scorer.score(med), scorer.ratio(med)

@@ -415,24 +415,24 @@ class Store:
                    "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
                    "node": plan.node, "job": plan.job, "started_at": started}
             conn.execute(self._plan_upsert, row)
-            for idx, s in enumerate(plan.steps):
-                self._upsert_step(conn, plan.id, idx, s, now)
+            self._upsert_steps(conn, plan.id, list(enumerate(plan.steps)), now)
 
     def save_step(self, plan_id: str, step: ActionStep) -> None:
         """Durably record one step's state (Journal)."""
         now = self.clock()
         with self.writes.begin() as conn:
             idx = int(step.id.rsplit("-", 1)[1])
-            self._upsert_step(conn, plan_id, idx, step, now)
+            self._upsert_steps(conn, plan_id, [(idx, step)], now)
             if step.state is StepState.RUNNING:
                 conn.execute(schema.plans.update().where(schema.plans.c.id == plan_id)
                              .where(schema.plans.c.started_at.is_(None)).values(started_at=now))
 
-    def _upsert_step(self, conn: Connection, plan_id: str, idx: int, s: ActionStep, now: float) -> None:
-        row = {"id": s.id, "plan_id": plan_id, "idx": idx, "kind": s.kind.value, "node": s.node,
-               "state": s.state.value, "result": s.result, "params": dict(s.params), "updated_at": now,
-               "outputs": dict(s.outputs)}
-        conn.execute(self._step_upsert, row)
+    def _upsert_steps(self, conn: Connection, plan_id: str, steps: list[tuple[int, ActionStep]], now: float) -> None:
+        if steps:  # one statement for a plan's dozen steps (the driver's executemany), not one each
+            conn.execute(self._step_upsert, [{"id": s.id, "plan_id": plan_id, "idx": idx, "kind": s.kind.value,
+                                              "node": s.node, "state": s.state.value, "result": s.result,
+                                              "params": dict(s.params), "updated_at": now, "outputs": dict(s.outputs)}
+                                             for idx, s in steps])
 
     def _plans(self, conn: Connection, incident_id: str | None = None, plan_id: str | None = None,
                state: str | None = None, node: str | None = None, plan_ids: Sequence[str] | None = None) -> list[Plan]:
