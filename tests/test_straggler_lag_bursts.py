@@ -2,10 +2,11 @@
 behind, while a rank whose own work is slow is still named through the same recorded noise.
 
 The fixture is recorded (``bench/realjobs.py --jobs ddp --load 2 --evidence``): a healthy 4-rank plain DDP job, about
-250 steps a second, beside two busy loops on the 2-core test machine at load 15; every rank's step lines as the CRI
-files stamped them, steps 5240-5330. Rank 0's lines for steps 5275-5301 (27 steps, 0.11 s of training) were all
-stamped at one instant, 0.14 s after its peers reported step 5275: its output waited in the pipe while the reader was
-descheduled. Its peers reported steps 5276-5301 in that time, which a lock-stepped rank cannot let them do.
+100 steps a second, beside two busy loops on the 2-core test machine at load 15-18; every rank's step lines as the
+CRI files stamped them, steps 5240-5330. Rank 0's lines for steps 5275-5301 (27 steps, 0.10 s of its peers'
+training) were all stamped at one instant, 0.14 s after its peers reported step 5275: its output waited in the pipe
+while the reader was descheduled. Its peers reported steps 5276-5301 in that time, which a lock-stepped rank cannot
+let them do. The live service named rank 0 a straggler at step 5296 (lag 0.105 s, step period 0.5 ms).
 """
 
 from __future__ import annotations
