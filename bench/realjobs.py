@@ -123,7 +123,10 @@ def watch(name: str, seconds: float, load: int, run: int, rules: list[ProgressRu
     parse = TimestampParser()
     with tempfile.TemporaryDirectory(prefix="kmend-realjobs-") as tmp, running_kmend(Path(tmp)) as k, \
             _busy_loops(load):
-        job = Job(k.pods, f"{name}-ok-{run}", spec.script, steps=STEPS, world=spec.world, env=dict(spec.env))
+        # torchrun's own temporary directories stay behind when its workers are killed: they go with the bench's.
+        (job_tmp := Path(tmp) / "job-tmp").mkdir()
+        job = Job(k.pods, f"{name}-ok-{run}", spec.script, steps=STEPS, world=spec.world,
+                  env={**dict(spec.env), "TMPDIR": str(job_tmp)})
         try:
             deadline = time.monotonic() + START_S
             while not _arrivals(job.pods[0].text()[-20000:], rules, parse):
