@@ -35,6 +35,8 @@ from kmend.store.rows import json_text as _json_text
 from kmend.store.series import series_row, series_state
 from kmend.store.writing import Writes
 
+RELEASE_ID = "plan-rel-"
+"""Id prefix of an operator's release plans (``healer.policy.release_plan``): the loop resumes them first."""
 MIGRATION_LOCK = 0x6B6D656E64
 """PostgreSQL advisory lock key held while the schema is migrated ("kmend")."""
 
@@ -418,6 +420,16 @@ class Store:
             for idx, s in enumerate(plan.steps):
                 self._upsert_step(conn, plan.id, idx, s, now)
 
+    def decided_plan(self, plan_id: str) -> Plan | None:
+        """The plan once an operator rejected or cancelled it (through any replica's API), else None: a task of the
+        leader reads it before each journal write."""
+        p = schema.plans
+        with self.engine.connect() as conn:
+            state = conn.execute(select(p.c.state).where(p.c.id == plan_id)).scalar()
+        if state not in (PlanState.REJECTED.value, PlanState.CANCELLED.value):
+            return None
+        return self.get_plan(plan_id)
+
     def save_step(self, plan_id: str, step: ActionStep) -> None:
         """Durably record one step's state (Journal)."""
         now = self.clock()
@@ -487,10 +499,13 @@ class Store:
         return prune(self.engine, keep, self.clock(), begin=self.writes.begin, pace=pace)
 
     def runnable_plan_ids(self) -> list[str]:
-        """Ids of the plans the healer loop resumes (running or pending), oldest first; no bodies are read."""
+        """Ids of the plans the healer loop resumes (running or pending), oldest first; no bodies are read.
+
+        Releases come first: one cut short by a crash may not have cancelled its node's other plans yet, and a drain
+        resumed before it could make one more eviction on a node the operator put back in service."""
         p = schema.plans
         q = (select(p.c.id).where(p.c.state.in_([PlanState.RUNNING.value, PlanState.PENDING.value]))
-             .order_by(p.c.created_at, p.c.id))
+             .order_by(~p.c.id.startswith(RELEASE_ID), p.c.created_at, p.c.id))
         with self.engine.connect() as conn:
             return [r[0] for r in conn.execute(q)]
 
