@@ -35,6 +35,8 @@ from kmend.store.rows import json_text as _json_text
 from kmend.store.series import series_row, series_state
 from kmend.store.writing import Writes
 
+DECIDED = (PlanState.REJECTED.value, PlanState.CANCELLED.value)
+"""Plan states an operator's decision sets: a later save of another state does not overwrite them."""
 RELEASE_ID = "plan-rel-"
 """Id prefix of an operator's release plans (``healer.policy.release_plan``): the loop resumes them first."""
 MIGRATION_LOCK = 0x6B6D656E64
@@ -80,7 +82,10 @@ class Store:
             index_elements=["id"], set_={**{k: plan_stmt.excluded[k] for k in ("state", "mode", "updated_at", "body")},
                                          # The first start counts for the brakes; a later save keeps it.
                                          "started_at": func.coalesce(schema.plans.c.started_at,
-                                                                     plan_stmt.excluded.started_at)})
+                                                                     plan_stmt.excluded.started_at)},
+            # An operator's decision (any replica's) is never overwritten by a save that had not seen it.
+            where=schema.plans.c.state.not_in(DECIDED) | plan_stmt.excluded.state.in_(DECIDED)).returning(
+            schema.plans.c.id)
         inc_stmt = self._insert(schema.incidents)
         self._incident_upsert = inc_stmt.on_conflict_do_update(
             index_elements=["id"], set_={k: inc_stmt.excluded[k] for k in ("state", "fault_class", "hardware", "node",
@@ -416,7 +421,8 @@ class Store:
             row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
                    "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
                    "node": plan.node, "job": plan.job, "started_at": started}
-            conn.execute(self._plan_upsert, row)
+            if conn.execute(self._plan_upsert, row).first() is None:
+                return  # decided meanwhile (journal_decision): its steps stay as the decision left them
             for idx, s in enumerate(plan.steps):
                 self._upsert_step(conn, plan.id, idx, s, now)
 
@@ -426,7 +432,7 @@ class Store:
         p = schema.plans
         with self.engine.connect() as conn:
             state = conn.execute(select(p.c.state).where(p.c.id == plan_id)).scalar()
-        if state not in (PlanState.REJECTED.value, PlanState.CANCELLED.value):
+        if state not in DECIDED:
             return None
         return self.get_plan(plan_id)
 
