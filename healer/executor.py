@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from healer.cluster import NotFoundError, PermanentError, TemporaryError
+from healer.deciding import ended
 from healer.keys import QUARANTINE_PLAN
 from healer.notify import Announcement
 from healer.records import (
@@ -33,7 +34,7 @@ from healer.records import (
 from healer.safety import Guard, VerdictKind
 from healer.steps import checkpoint, drain, evidence, node, repair, restart, spare
 from healer.steps.base import StepContext, StepRunner
-from healer.stopping import Stop, running, stop_asked
+from healer.stopping import Closing, Stop, running, stop_asked
 
 log = logging.getLogger("kmend.healer")
 
@@ -93,8 +94,15 @@ class PlanExecutor:
         sleep: Callable[[float], None] = time.sleep,
         on_step: StepObserver | None = None,
         on_plan: PlanObserver | None = None,
+        decided: Callable[[str], Plan | None] | None = None,
+        closing: Closing = ended,
     ) -> None:
         self.ctx = ctx
+        self.decided = decided
+        """The plan as the journal holds it once an operator rejected or cancelled it, else None: read before each
+        step's journal write, so a decision taken by another replica's API stops this run as one taken here does."""
+        self.closing = closing
+        """How the step in flight ends in a plan decided in the journal (its open requests withdrawn too)."""
         self.journal = journal
         self.guard = guard
         self.is_leader = is_leader
@@ -132,7 +140,9 @@ class PlanExecutor:
             with stop.lock:  # with what was written into its steps from outside meanwhile (an agent's report)
                 done = stop.merged_plan(done)
             # Decided while the last step ran (a drain stopped between evictions): the plan is as the decision left it.
-            return done if stop.decided is None else replace(stop.decided, steps=done.steps)
+            if stop.decided is None:
+                return done
+            return replace(stop.decided, steps=tuple(ended(s, stop.decided) for s in done.steps))
 
     def _execute(self, plan: Plan, stop_before: Collection[StepKind], journaled: bool, stop: Stop) -> Plan:
         if plan.state in FINAL_PLAN_STATES:
@@ -162,7 +172,7 @@ class PlanExecutor:
             if step is not None:
                 current = replace(current, steps=tuple(step if s.id == step.id else s for s in current.steps))
             with stop.lock:  # an operator's decision, journaled in between, is never overwritten
-                if stop.decided is not None:
+                if self._heard(plan.id, stop, ask=not unsaved or journaled):
                     raise _Stopped(current)
                 if unsaved:
                     self.journal.save_plan(stop.merged_plan(current))
@@ -214,7 +224,7 @@ class PlanExecutor:
                     blocked = replace(plan, state=PlanState.BLOCKED,
                                       reason=f"{plan.reason} | blocked: {verdict.reason}")
                     with stop.lock:
-                        if stop.decided is not None:
+                        if self._heard(plan.id, stop):
                             raise _Stopped(plan)
                         self.journal.save_plan(stop.merged_plan(blocked))
                     if self.on_plan:
@@ -237,7 +247,9 @@ class PlanExecutor:
                 if not (admitted and attempt == 0):
                     write(replace(finished, state=StepState.RUNNING))
                 finished = self._run(replace(finished, state=StepState.RUNNING), plan)
-                with stop.lock:  # what the step did is journaled, decided or not
+                with stop.lock:  # what the step did is journaled, decided or not (then ended: it is not run again)
+                    self._heard(plan.id, stop)
+                    finished = stop.closed(finished)
                     self.journal.save_step(plan.id, stop.merged(finished))
                     stop.in_flight(None)
                 steps[i] = finished
@@ -259,12 +271,19 @@ class PlanExecutor:
     def _finish(self, plan: Plan, state: PlanState, what: Announcement, why: str, stop: Stop) -> Plan:
         plan = replace(plan, state=state, reason=f"{plan.reason} | {why}" if why else plan.reason)
         with stop.lock:
-            if stop.decided is not None:
+            if self._heard(plan.id, stop):
                 raise _Stopped(plan)
             self.journal.save_plan(stop.merged_plan(plan))
         if self.on_plan:
             self.on_plan(what, plan)
         return plan
+
+    def _heard(self, plan_id: str, stop: Stop, *, ask: bool = True) -> bool:
+        """Whether an operator decided the plan: through ``stop`` (this process's API), or in the journal (``ask``: the
+        plan is in it), where another replica's API journaled it. Called under ``stop.lock``."""
+        if stop.decided is None and ask and self.decided is not None and (found := self.decided(plan_id)) is not None:
+            stop.heard(found, self.closing)
+        return stop.decided is not None
 
     def _taken_back(self, plan: Plan, step: ActionStep) -> str | None:
         """A person uncordoned the node kmend quarantined: the plan for that node stops there."""

@@ -47,6 +47,7 @@ class StepState(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     INTERRUPTED = "interrupted"  # in flight when the service was killed, in a plan an operator had decided: not rerun
+    CANCELLED = "cancelled"  # waiting (on a request, a repair, a temporary error) when an operator decided the plan
 
 
 class PlanState(StrEnum):

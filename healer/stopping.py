@@ -20,7 +20,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
 
+from healer.deciding import ended
 from healer.records import ActionStep, Plan, StepKind
+
+Closing = Callable[[ActionStep, Plan], ActionStep]
+"""How the step in flight ends once the run journals it, in a plan an operator decided meanwhile (``ended``, and the
+service also withdraws the step's open requests)."""
 
 
 class Stop:
@@ -36,15 +41,18 @@ class Stop:
         self.amended: dict[str, dict[str, str]] = {}
         """Outputs written into the run's steps from outside the run (an agent's report), by step id: every later save
         of the run carries them."""
+        self.closing: Closing = ended
+        """How the step in flight ends when the run journals it after the decision."""
         self._changed = threading.Condition(self.lock)
 
-    def decide(self, decision: Callable[[], Plan | None]) -> Plan | None:
+    def decide(self, decision: Callable[[], Plan | None], closing: Closing | None = None) -> Plan | None:
         """Run ``decision`` (read the journal, check the plan's state, save the decision) between two journal writes
-        of the run. A plan it returns stops the run before its next step."""
+        of the run. A plan it returns stops the run before its next step; the step in flight ends by ``closing``."""
         with self.lock:
             plan = decision()
             if plan is not None:
                 self.decided = plan
+                self.closing = closing or ended
                 self._changed.notify_all()
             return plan
 
@@ -63,6 +71,16 @@ class Stop:
     def merged_plan(self, plan: Plan) -> Plan:
         """The plan with every step's amended outputs. Called under ``lock``."""
         return replace(plan, steps=tuple(map(self.merged, plan.steps))) if self.amended else plan
+
+    def heard(self, plan: Plan, closing: Closing) -> None:
+        """The operator's decision as another replica journaled it: the run stops as after ``decide``. Called under
+        ``lock``."""
+        self.decided, self.closing = plan, closing
+        self._changed.notify_all()
+
+    def closed(self, step: ActionStep) -> ActionStep:
+        """The step as the run journals it: ended when an operator decided the plan meanwhile. Called under ``lock``."""
+        return step if self.decided is None else self.closing(step, self.decided)
 
     def in_flight(self, kind: StepKind | None) -> None:
         """The run starts a step of ``kind`` (None: the step's result is journaled). Called under ``lock``."""

@@ -25,11 +25,12 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from healer.executor import PlanExecutor
 from healer.notify import Announcement
 from healer.records import DONE_STEP_STATES, Mode, Plan, PlanState, StepKind
-from healer.stopping import Stop
+from healer.stopping import Closing, Stop
 
 log = logging.getLogger("kmend.healer")
 
@@ -132,11 +133,13 @@ class Background:
         task = self._tasks.get(plan_id)
         return task.stop if task is not None and not task.future.done() else None
 
-    def decide(self, plan_id: str, decision: Callable[[], Plan | None]) -> Plan | None:
-        """An operator's decision about a plan (read it, check its state, journal the change): between two journal
-        writes of its task, which then ends after its step in flight, or at once when no task runs it."""
+    def decide(self, plan_id: str, decision: Callable[[bool], Plan | None],
+               closing: Closing | None = None) -> Plan | None:
+        """An operator's decision about a plan (read it, check its state, journal the change; told whether a task runs
+        the plan): between two journal writes of its task, which then ends after its step in flight (that step ended
+        by ``closing``), or at once when no task runs it."""
         stop = self.stop_of(plan_id)
-        return stop.decide(decision) if stop is not None else decision()
+        return stop.decide(partial(decision, True), closing) if stop is not None else decision(False)
 
     def active(self, plan_id: str) -> bool:
         """Whether a task of the plan still runs."""

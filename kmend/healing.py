@@ -36,6 +36,7 @@ from healer.safety import BreakerState, Guard
 from healer.spares import Spare, pool
 from healer.steps.base import RepairRequest, StepContext
 from kmend.background import AFTER_CORDON, Background, next_kind
+from kmend.deciding import closing, journal_decision
 from kmend.held import RateHeld
 from kmend.interrupted import close_interrupted
 from kmend.metrics import Metrics
@@ -90,7 +91,8 @@ class Healing:
                            quarantined=lambda: ctx.cluster.list_nodes({QUARANTINED_LABEL: "true"}))
         kwargs: dict[str, Any] = {"sleep": sleep} if sleep else {}
         self.executor = PlanExecutor(ctx, store, guard=self.guard, is_leader=leader.is_leader,
-                                     on_step=self._count_step, on_plan=self._announce, **kwargs)
+                                     on_step=self._count_step, on_plan=self._announce, **kwargs,
+                                     decided=store.decided_plan, closing=closing(store))  # any replica's decisions
         self.lock = threading.RLock()
         self._first_seen: dict[str, float] = {}
         self._known_nodes: set[str] | None = None
@@ -169,7 +171,7 @@ class Healing:
                 if resumed and busy():
                     return touched
                 p = plans.get(pid)
-                if p is None or p.state not in (PlanState.RUNNING, PlanState.PENDING):
+                if p is None or p.state not in (PlanState.RUNNING, PlanState.PENDING) or pid not in self._runnable:
                     self._runnable.pop(pid, None)
                     continue
                 resumed += 1
@@ -377,22 +379,20 @@ class Healing:
 
     def reject(self, plan_id: str, by: str) -> Plan:
         """Refuse a plan that waits for approval (or is blocked), or stop a running one: what it did stays done and
-        journaled, its step in flight ends (a drain: the eviction in flight), and no other step runs.
-
-        Answers at once, also while the plan's step runs in the background: the decision is journaled between two of
-        that task's journal writes, and the task sees it before its next step."""
-        def decide() -> Plan:
+        journaled, its step in flight ends (a drain: the eviction in flight), no other step runs, its unfinished steps
+        end and their requests are withdrawn (``kmend.deciding``). Answers at once, also while a task runs the plan: the
+        decision is journaled between two of its journal writes, and the task sees it before its next step."""
+        def decide(in_flight: bool) -> Plan:
             plan = self.plan(plan_id)
             if plan.state not in (PlanState.AWAITING_APPROVAL, PlanState.BLOCKED, PlanState.PENDING,
                                   PlanState.RUNNING):
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}: only waiting or running plans can be "
                                  "rejected")
             plan = replace(plan, state=PlanState.REJECTED, reason=f"{plan.reason} | rejected by {by}")
-            self.store.save_plan(plan)
-            return plan
+            return journal_decision(self.store, plan, in_flight=in_flight)  # its waiting steps end, requests withdrawn
 
         with self.lock:
-            rejected = self.background.decide(plan_id, decide)
+            rejected = self.background.decide(plan_id, decide, closing(self.store))
             assert rejected is not None
             return self._track(rejected)
 

@@ -18,6 +18,7 @@ from healer.executor import PlanExecutor
 from healer.policy_file import PolicyFile
 from healer.records import FINAL_PLAN_STATES, Plan, PlanState
 from kmend.background import Background
+from kmend.deciding import closing, journal_decision
 from kmend.store import Store
 
 
@@ -28,19 +29,19 @@ def finish_release(plan: Plan, store: Store, executor: PlanExecutor, background:
     The release as it ended and the ids of the plans it cancelled. Called under the healing lock."""
     node, by = plan.node or "", plan.steps[0].params.get("by", "")
 
-    def cancel(plan_id: str) -> Plan | None:
+    def cancel(plan_id: str, in_flight: bool) -> Plan | None:
         p = store.get_plan(plan_id)  # read again: the task may have finished it meanwhile
         if p is None or p.state in FINAL_PLAN_STATES:
             return None
         p = replace(p, state=PlanState.CANCELLED, reason=f"{p.reason} | node released by {by}")
-        store.save_plan(p)
-        return p
+        return journal_decision(store, p, in_flight=in_flight)  # its waiting steps end, its requests withdrawn
 
     cancelled = []
     for p in store.list_plans(node=node):
         # A plan whose step runs in the background is cancelled through its task's hold: the task ends after its step
         # in flight (a drain: the eviction in flight).
-        if p.id != plan.id and p.state not in FINAL_PLAN_STATES and background.decide(p.id, partial(cancel, p.id)):
+        if p.id != plan.id and p.state not in FINAL_PLAN_STATES \
+                and background.decide(p.id, partial(cancel, p.id), closing(store)):
             track(replace(p, state=PlanState.CANCELLED))
             cancelled.append(p.id)
     background.quiet(node)  # a quarantine write still on its way comes before the marks come off

@@ -128,7 +128,11 @@ def test_a_reject_during_the_drain_answers_at_once_and_survives_kill_9(tmp_path:
                 step = until("the drain step's result journaled",
                               lambda: (s := _drain_step(operator, plan["id"]))["state"] != "running" and s)
                 assert "stopped" in step["result"], step
-                assert operator.get(f"/v1/plans/{plan['id']}").json()["state"] == "rejected"
+                # Stopped by the reject, the drain is not left waiting: it ends, naming who decided, as do the rest.
+                assert step["state"] == "cancelled" and "rejected by" in step["result"], step
+                decided = operator.get(f"/v1/plans/{plan['id']}").json()
+                assert decided["state"] == "rejected"
+                assert not [s for s in decided["steps"] if s["state"] in ("pending", "waiting", "running")], decided
             served.proc.send_signal(signal.SIGKILL)
             served.proc.wait(30)
             again = world.serve("again")
@@ -161,6 +165,7 @@ def test_a_release_during_the_drain_answers_at_once_and_stops_it(tmp_path: Path)
                 step = until("the drain step's result journaled",
                               lambda: (s := _drain_step(operator, plan["id"]))["state"] != "running" and s)
                 assert "stopped" in step["result"], step
+                assert step["state"] == "cancelled" and "released by" in step["result"], step
                 _quarantined(served, world, "gpu-2")
                 assert operator.get(f"/v1/plans/{plan['id']}").json()["state"] == "cancelled"
                 assert len(world.evicting) <= in_flight + 1 and len(world.evicting) < 3, world.evicting

@@ -22,6 +22,10 @@ ACCEPTANCE_ID = "plan-accept-"
 """Id prefix of acceptance plans (healer.acceptance)."""
 BREAKER = "quarantine"
 """Name of the one breaker row."""
+WITHDRAWN = "withdrawn"
+"""A request's state once the plan that opened it was rejected or cancelled before an answer came."""
+LATE_ANSWER = "; answered after it was withdrawn: "
+"""Joins a withdrawn request's reason and the answer that came later."""
 
 
 class Ledger:
@@ -145,12 +149,29 @@ class Ledger:
             return [_request(r) for r in conn.execute(q).mappings()]
 
     def answer(self, request_id: str, state: str, result: str) -> RepairRequest | None:
-        """Record the agent's or the platform's answer; an answered request keeps its first answer."""
+        """Record the agent's or the platform's answer; an answered request keeps its first answer. A request
+        withdrawn before its answer came stays withdrawn and keeps that first answer in its result (evidence)."""
+        r = schema.node_requests
         with self._begin() as conn:
-            conn.execute(schema.node_requests.update()
-                         .where(schema.node_requests.c.id == request_id, schema.node_requests.c.state == "pending")
-                         .values(state=state, result=result[:2000], updated_at=self.clock()))
+            done = conn.execute(r.update().where(r.c.id == request_id, r.c.state == "pending")
+                                .values(state=state, result=result[:2000], updated_at=self.clock()))
+            if done.rowcount == 0:
+                row = conn.execute(select(r.c.result).where(r.c.id == request_id, r.c.state == WITHDRAWN)).first()
+                if row is not None and LATE_ANSWER not in row[0]:
+                    conn.execute(r.update().where(r.c.id == request_id, r.c.state == WITHDRAWN).values(
+                        result=f"{row[0]}{LATE_ANSWER}{state}: {result}"[:2000], updated_at=self.clock()))
         return self.get(request_id)
+
+    def withdraw(self, request_ids: Sequence[str], why: str) -> int:
+        """Withdraw the pending ones of these requests (their plan was decided): the agent's poll no longer lists them.
+        How many were withdrawn."""
+        if not request_ids:
+            return 0
+        r = schema.node_requests
+        with self._begin() as conn:
+            done = conn.execute(r.update().where(r.c.id.in_(list(request_ids)), r.c.state == "pending")
+                                .values(state=WITHDRAWN, result=why[:2000], updated_at=self.clock()))
+        return int(done.rowcount or 0)
 
     # -- audit ------------------------------------------------------------------------------------
 

@@ -33,8 +33,11 @@ from kmend.store.retention import Pace, Retention, prune
 from kmend.store.rows import body_json, kept
 from kmend.store.rows import json_text as _json_text
 from kmend.store.series import series_row, series_state
+from kmend.store.upserts import DECIDED, Upserts
 from kmend.store.writing import Writes
 
+RELEASE_ID = "plan-rel-"
+"""Id prefix of an operator's release plans (``healer.policy.release_plan``): the loop resumes them first."""
 MIGRATION_LOCK = 0x6B6D656E64
 """PostgreSQL advisory lock key held while the schema is migrated ("kmend")."""
 
@@ -72,25 +75,7 @@ class Store:
         self._lines_sql: tuple[str, tuple[str, ...]] | None = None
         self._seq_lock = threading.Lock()
         self._seq = 0
-        # Built once: the journal writes these on every step transition, and SQLAlchemy caches them compiled.
-        plan_stmt = self._insert(schema.plans)
-        self._plan_upsert = plan_stmt.on_conflict_do_update(
-            index_elements=["id"], set_={**{k: plan_stmt.excluded[k] for k in ("state", "mode", "updated_at", "body")},
-                                         # The first start counts for the brakes; a later save keeps it.
-                                         "started_at": func.coalesce(schema.plans.c.started_at,
-                                                                     plan_stmt.excluded.started_at)})
-        inc_stmt = self._insert(schema.incidents)
-        self._incident_upsert = inc_stmt.on_conflict_do_update(
-            index_elements=["id"], set_={k: inc_stmt.excluded[k] for k in ("state", "fault_class", "hardware", "node",
-                                                                            "opened_at", "updated_at", "body")})
-        step_stmt = self._insert(schema.steps)
-        self._step_upsert = step_stmt.on_conflict_do_update(
-            index_elements=["id"], set_={k: step_stmt.excluded[k] for k in ("state", "result", "updated_at",
-                                                                               "outputs")})
-        mark_stmt = self._insert(schema.producers)
-        self._mark_upsert = mark_stmt.on_conflict_do_update(
-            index_elements=["id"], set_={"seq": mark_stmt.excluded.seq, "updated_at": mark_stmt.excluded.updated_at},
-            where=schema.producers.c.seq < mark_stmt.excluded.seq)
+        self._upserts = Upserts.build(self._insert)
         self.ledger = Ledger(self.engine, self._insert, clock, begin=self.writes.begin)
         """Breaker, brakes' counts, repair requests, audit log, leases seen."""
 
@@ -215,7 +200,7 @@ class Store:
                 marks[ws.origin[0]] = max(ws.origin[1], marks.get(ws.origin[0], 0))
         if marks:
             now = self.clock()
-            conn.execute(self._mark_upsert, [{"id": p, "seq": n, "updated_at": now} for p, n in marks.items()])
+            conn.execute(self._upserts.mark, [{"id": p, "seq": n, "updated_at": now} for p, n in marks.items()])
         for ws in sets:
             if ws.found or ws.changed or ws.merges:
                 self._write_results(conn, ws.found, ws.changed, ws.merges)
@@ -310,7 +295,7 @@ class Store:
                 if f.id in new_ids:
                     inc_by_finding[f.id] = inc.id
         if latest:
-            conn.execute(self._incident_upsert, [self._incident_row(i) for i in latest.values()])
+            conn.execute(self._upserts.incident, [self._incident_row(i) for i in latest.values()])
         rows = []
         with self._seq_lock:
             for f in found:
@@ -333,7 +318,7 @@ class Store:
                 "updated_at": inc.updated_at, "body": incident_to_dict(inc, findings=False)}
 
     def _upsert_incident(self, conn: Connection, inc: Incident) -> None:
-        conn.execute(self._incident_upsert, [self._incident_row(inc)])
+        conn.execute(self._upserts.incident, [self._incident_row(inc)])
 
     def save_incident(self, inc: Incident) -> None:
         """Insert or update one incident (state changes from the healer)."""
@@ -414,8 +399,19 @@ class Store:
             row = {"id": plan.id, "incident_id": plan.incident_id, "state": plan.state.value,
                    "mode": plan.mode.value, "created_at": now, "updated_at": now, "body": plan_to_dict(plan),
                    "node": plan.node, "job": plan.job, "started_at": started}
-            conn.execute(self._plan_upsert, row)
+            if conn.execute(self._upserts.plan, row).first() is None:
+                return  # decided meanwhile (journal_decision): its steps stay as the decision left them
             self._upsert_steps(conn, plan.id, list(enumerate(plan.steps)), now)
+
+    def decided_plan(self, plan_id: str) -> Plan | None:
+        """The plan once an operator rejected or cancelled it (through any replica's API), else None: a task of the
+        leader reads it before each journal write."""
+        p = schema.plans
+        with self.engine.connect() as conn:
+            state = conn.execute(select(p.c.state).where(p.c.id == plan_id)).scalar()
+        if state not in DECIDED:
+            return None
+        return self.get_plan(plan_id)
 
     def save_step(self, plan_id: str, step: ActionStep) -> None:
         """Durably record one step's state (Journal)."""
@@ -429,7 +425,7 @@ class Store:
 
     def _upsert_steps(self, conn: Connection, plan_id: str, steps: list[tuple[int, ActionStep]], now: float) -> None:
         if steps:  # one statement for a plan's dozen steps (the driver's executemany), not one each
-            conn.execute(self._step_upsert, [{"id": s.id, "plan_id": plan_id, "idx": idx, "kind": s.kind.value,
+            conn.execute(self._upserts.step, [{"id": s.id, "plan_id": plan_id, "idx": idx, "kind": s.kind.value,
                                               "node": s.node, "state": s.state.value, "result": s.result,
                                               "params": dict(s.params), "updated_at": now, "outputs": dict(s.outputs)}
                                              for idx, s in steps])
@@ -487,10 +483,13 @@ class Store:
         return prune(self.engine, keep, self.clock(), begin=self.writes.begin, pace=pace)
 
     def runnable_plan_ids(self) -> list[str]:
-        """Ids of the plans the healer loop resumes (running or pending), oldest first; no bodies are read."""
+        """Ids of the plans the healer loop resumes (running or pending), oldest first; no bodies are read.
+
+        Releases come first: one cut short by a crash may not have cancelled its node's other plans yet, and a drain
+        resumed before it could make one more eviction on a node the operator put back in service."""
         p = schema.plans
         q = (select(p.c.id).where(p.c.state.in_([PlanState.RUNNING.value, PlanState.PENDING.value]))
-             .order_by(p.c.created_at, p.c.id))
+             .order_by(~p.c.id.startswith(RELEASE_ID), p.c.created_at, p.c.id))
         with self.engine.connect() as conn:
             return [r[0] for r in conn.execute(q)]
 
