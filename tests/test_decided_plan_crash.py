@@ -18,6 +18,7 @@ import pytest
 from collector.wire import to_wire
 from tests.builders import XID79, kernel
 from tests.fake_apiserver import FakeApiServer
+from tests.kube_worlds import llama_on_gpu_1
 from tests.procs import Served, kube_serve_env, start_serve
 from tests.waiting import until
 
@@ -50,16 +51,7 @@ class _World:
 @contextmanager
 def _world(tmp_path: Path) -> Iterator[_World]:
     with FakeApiServer() as api:
-        for i in range(40):  # enough nodes that the breaker lets two quarantines through
-            api.add_node(f"gpu-{i}")
-        api.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
-        job = api.add_object("kubeflow.org", "v1", "pytorchjobs", "training", {"metadata": {"name": "llama"}})
-        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama",
-                 "uid": job["metadata"]["uid"], "controller": True}
-        for rank in range(3):
-            api.add_pod("training", f"llama-worker-{rank}", node="gpu-1", phase="Running", owners=[owner],
-                        requests={"nvidia.com/gpu": "2"},
-                        labels={"training.kubeflow.org/job-name": "llama", "kmend.io/job": "llama"})
+        llama_on_gpu_1(api)  # three of the job's pods on gpu-1: three evictions for its drain
         world = _World(api, tmp_path)
         handle = api.handle
 

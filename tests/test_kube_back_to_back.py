@@ -22,6 +22,7 @@ from collector.wire import to_wire
 from tests.builders import XID79, container, kernel
 from tests.conftest import free_port
 from tests.fake_apiserver import FakeApiServer
+from tests.kube_worlds import llama_on_gpu_1
 from tests.procs import kube_serve_env, start_serve, wait_ready, write_kubeconfig
 from tests.waiting import until
 
@@ -122,16 +123,7 @@ class _SlowDrain:
 @contextmanager
 def _slow_drain(tmp_path: Path) -> Iterator[_SlowDrain]:
     with FakeApiServer() as api:
-        for i in range(40):  # enough nodes that the breaker lets two quarantines through
-            api.add_node(f"gpu-{i}")
-        api.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
-        job = api.add_object("kubeflow.org", "v1", "pytorchjobs", "training", {"metadata": {"name": "llama"}})
-        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llama",
-                 "uid": job["metadata"]["uid"], "controller": True}
-        for rank in range(3):  # three of the job's pods on the first node: three slow evictions
-            api.add_pod("training", f"llama-worker-{rank}", node="gpu-1", phase="Running", owners=[owner],
-                        requests={"nvidia.com/gpu": "2"},
-                        labels={"training.kubeflow.org/job-name": "llama", "kmend.io/job": "llama"})
+        llama_on_gpu_1(api)  # three of the job's pods on gpu-1: three evictions for its drain
         seen: list[tuple[str, str, float]] = []
         lock = threading.Lock()
         handle = api.handle

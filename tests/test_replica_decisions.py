@@ -9,15 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from healer.notify import LogNotifier
 from healer.records import PlanState, StepState
 from kmend.service import Kmend
-from kmend.settings import Settings
-from kmend.wiring import make_kmend
-from sim.cluster import SimCluster, build_cluster
+from sim.cluster import SimCluster
 from tests.builders import XID79, kernel
 from tests.test_healing_background import Gate
-from tests.test_replicas import Lease
+from tests.test_replicas import two_replicas
 from tests.waiting import until
 
 pytestmark = pytest.mark.postgres
@@ -27,20 +24,8 @@ NODE = "gpu-node-01"
 
 @pytest.fixture
 def replicas(fresh_postgres_url: str) -> Iterator[tuple[Kmend, Kmend, SimCluster]]:
-    cluster = build_cluster(8, spares=2)
-    lease = Lease("a")
-    made = []
-    for name in ("a", "b"):
-        settings = Settings(database_url=fresh_postgres_url, cluster="sim", replicated=True, symptom_settle_s=0,
-                            identity=name)
-        k = make_kmend(settings, cluster=cluster, notifier=LogNotifier(), leader=lease.seat(name))
-        k.start()
-        made.append(k)
-    yield made[0], made[1], cluster
-    for k in made:
-        assert k.replicas is not None
-        k.replicas.close()
-        k.store.close()
+    with two_replicas(fresh_postgres_url) as (a, b, _, cluster):
+        yield a, b, cluster
 
 
 def test_a_reject_sent_to_the_other_replica_stops_the_leaders_run_before_its_next_step(

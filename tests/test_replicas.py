@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import select
@@ -47,22 +48,31 @@ class Seat:
         return self.is_leader()
 
 
-@pytest.fixture
-def pair(fresh_postgres_url: str) -> Iterator[tuple[Kmend, Kmend, Lease]]:
+@contextmanager
+def two_replicas(url: str) -> Iterator[tuple[Kmend, Kmend, Lease, SimCluster]]:
+    """Replicas "a" (which holds the Lease) and "b" on the database at `url`, over one simulated cluster."""
     cluster: SimCluster = build_cluster(8, spares=2)
     lease = Lease("a")
     made = []
     for name in ("a", "b"):
-        settings = Settings(database_url=fresh_postgres_url, cluster="sim", replicated=True, symptom_settle_s=0,
+        settings = Settings(database_url=url, cluster="sim", replicated=True, symptom_settle_s=0,
                             identity=name)
         k = make_kmend(settings, cluster=cluster, notifier=LogNotifier(), leader=lease.seat(name))
         k.start()
         made.append(k)
-    yield made[0], made[1], lease
-    for k in made:
-        assert k.replicas is not None
-        k.replicas.close()
-        k.store.close()
+    try:
+        yield made[0], made[1], lease, cluster
+    finally:
+        for k in made:
+            assert k.replicas is not None
+            k.replicas.close()
+            k.store.close()
+
+
+@pytest.fixture
+def pair(fresh_postgres_url: str) -> Iterator[tuple[Kmend, Kmend, Lease]]:
+    with two_replicas(fresh_postgres_url) as (a, b, lease, _):
+        yield a, b, lease
 
 
 def _symptoms(ts: float) -> list[Signal]:
