@@ -31,15 +31,15 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
-# Three workers on CI's two cores: one runs the real-job tests one after another (their xdist group), two take the
-# rest beside it; the real jobs' waits left a third of the cores idle with two workers.
+# Three workers on CI's two cores: the real-job tests wait (a hang's threshold, a finished job's silence), and with
+# two workers a quiet run left the cores a fifth idle.
 PYTEST_WORKERS ?= 3
 
 # The project's modules are compiled once before the run: the tests start `kmend serve` and `kmend agent` a few
 # hundred times, and with PYTHONDONTWRITEBYTECODE set (as on CI) each start would compile them again.
 unit: $(VENV)/.installed-dev
 	$(BIN)/python -m compileall -q -j 2 analyzer collector healer kmend models sim tests
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=30
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --durations=30
 
 test: lint typecheck unit
 

@@ -149,6 +149,7 @@ class StackRequestResponder:
         self._client = client or httpx.Client(timeout=10.0)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._next = 0.0
+        self._looking = threading.Lock()
         self.captured = 0
         """Stacks uploaded since start."""
 
@@ -177,7 +178,15 @@ class StackRequestResponder:
         return Poll(signals=[], cursors={}, errors=errors)
 
     def answer(self, job: str) -> tuple[str, str]:
-        """Capture and upload the stacks of `job`'s processes here; (state, message) for the request."""
+        """Capture and upload the stacks of `job`'s processes here; (state, message) for the request.
+
+        One look at a time: py-spy pauses a process through ptrace, which shows as the tracing stop (``t``) in its
+        state, so a look that read the states while another look's dumps ran would take the ranks it paused for
+        stopped ones."""
+        with self._looking:
+            return self._answer(job)
+
+    def _answer(self, job: str) -> tuple[str, str]:
         procs = [p for p in self.finder.find() if is_of_job(p, job)]
         if not procs:
             return "failed", f"no process of job {job!r} on {self.node} (RANK in its environment, job by its pod, " \

@@ -22,17 +22,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Long tests (real trainers, real servers) first, so they overlap the quick ones instead of running one after
-    another at the end of the run; the order within each group is kept. The real-job tests are one xdist group
-    (``--dist loadgroup``): one worker runs them one after another while the others take the rest, so no two
-    trainers compete for the cores, and their waits (a hang's threshold, a finished job's silence) leave the CPU
-    to the other workers."""
+    another at the end of the run. The order within each group is kept."""
     def weight(item: pytest.Item) -> int:
         return 0 if item.get_closest_marker("realjob") else 1 if item.get_closest_marker("slow") else 2
 
     items.sort(key=weight)
-    for item in items:
-        if item.get_closest_marker("realjob"):
-            item.add_marker(pytest.mark.xdist_group("realjob"))
 
 
 def free_port() -> int:

@@ -184,6 +184,49 @@ def test_a_jobs_stacks_on_a_node_reach_the_service_together_when_one_dump_is_slo
     assert last - first < 0.5
 
 
+class _Traced:
+    """Two ranks whose state reads ``t`` while a dump has them paused (what ptrace shows), else ``S``."""
+
+    proc_root = Path("/proc")
+
+    def __init__(self) -> None:
+        self.states = {101: "S", 102: "S"}
+
+    def find(self) -> list[TrainingProcess]:
+        return [TrainingProcess(pid=pid, rank=pid - 101, job="j", pipe=None, state=st)
+                for pid, st in self.states.items()]
+
+    def dump(self, pid: int, *, stopped: bool = False) -> str:
+        self.states[pid] = "t"
+        time.sleep(0.5)
+        self.states[pid] = "S"
+        return f"Process {pid}: python\nThread {pid} (idle): \"MainThread\"\n"
+
+
+def test_a_look_does_not_take_the_ranks_another_look_has_paused_for_stopped_ones() -> None:
+    # A first and a second look at a hang are answered on their own threads; py-spy's pause shows as the tracing
+    # stop, and a look that read it took every rank of a healthy pair for stopped (the service then named none).
+    states: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        states.append(request.url.params["state"])
+        return httpx.Response(202, json={})
+
+    node = _Traced()
+    responder = StackRequestResponder(url="http://kmend", node="n1", finder=node,  # type: ignore[arg-type]
+                                      dumper=node, client=httpx.Client(transport=httpx.MockTransport(handler)),
+                                      clock=time.monotonic)
+    second = threading.Thread(target=responder.answer, args=("j",))
+    first = threading.Thread(target=responder.answer, args=("j",))
+    first.start()
+    time.sleep(0.2)  # the first look's dumps have both ranks paused
+    second.start()
+    first.join()
+    second.join()
+    responder.close()
+    assert states == ["S"] * 4
+
+
 def test_no_process_of_the_job_answers_failed_with_why(tmp_path: Path) -> None:
     responder = StackRequestResponder(url="http://127.0.0.1:9", node="n1", finder=ProcessFinder(pods_root=None),
                                       dumper=PySpyDumper("py-spy"), clock=time.monotonic)
