@@ -32,14 +32,16 @@ typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
 
 # Three workers on CI's two cores: the real-job tests wait (a hang's threshold, a finished job's silence), and with
-# two workers a quiet run left the cores a fifth idle.
+# two workers a quiet run left the cores a fifth idle. Work stealing: the long tests come first and land on one
+# worker's share, which the others take from when theirs run out (with plain load balancing they waited idle while
+# it ran them one after another, 3 minutes at the end of a run).
 PYTEST_WORKERS ?= 3
 
 # The project's modules are compiled once before the run: the tests start `kmend serve` and `kmend agent` a few
 # hundred times, and with PYTHONDONTWRITEBYTECODE set (as on CI) each start would compile them again.
 unit: $(VENV)/.installed-dev
 	$(BIN)/python -m compileall -q -j 2 analyzer collector healer kmend models sim tests
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --durations=30
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=30
 
 test: lint typecheck unit
 
