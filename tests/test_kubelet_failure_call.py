@@ -11,15 +11,11 @@ import pytest
 
 from analyzer.metric_eval import SignalEvaluator
 from analyzer.metric_rules import default_metric_rules_dir, load_signal_rules
-from analyzer.pipeline import Analyzer
-from analyzer.records import Action, Incident
+from analyzer.records import Action
 from analyzer.rules import Rule, default_rules_dir, load_rules
 from collector.signal import MetricSample, Signal, Source
-from healer.policy import PlanContext, PolicyConfig, choose_plan
-from healer.policy_file import load_policy
-from healer.records import StepKind
 from kmend.corpus_eval import load_corpus, run_entries
-from tests.builders import kernel
+from tests.test_node_not_ready_call import _incidents, _quarantines
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 T0 = 1_700_000_000.0
@@ -51,17 +47,6 @@ RULES = {"pleg": "kubelet-pleg-unhealthy", "failed-to-start": "kubelet-failed-to
 @pytest.fixture(scope="module")
 def rules() -> list[Rule]:
     return load_rules([default_rules_dir()])
-
-
-def _incidents(rules: list[Rule], lines: list[tuple[str, str, float]]) -> list[Incident]:
-    analyzer = Analyzer(rules)
-    analyzer.process([kernel(node, text, ts) for node, text, ts in lines])
-    return list(analyzer.correlator.incidents())
-
-
-def _quarantines(inc: Incident) -> bool:
-    plan = choose_plan(inc, load_policy(), PolicyConfig(), PlanContext(T0 + 120))
-    return bool({s.kind for s in plan.steps} & {StepKind.CORDON, StepKind.TAINT, StepKind.DRAIN, StepKind.REPAIR})
 
 
 @pytest.mark.parametrize("kind", list(LINES))
