@@ -147,9 +147,11 @@ class GpuResetHandler:
                     return Answer("failed", f"GPU {pci} still used by process(es) {sorted(pids)} after "
                                             f"{self.idle_timeout_s:.0f} s; not reset")
                 if stop.wait(self.idle_poll_s):
-                    return Answer("failed", "the agent stopped while waiting for the GPU to go idle")
+                    return Answer("failed", f"{_why(stop)} while waiting for the GPU to go idle: not reset")
         finally:
             _shutdown(nv)
+        if stop.is_set():  # withdrawn in the last moment of the wait: the reset is the one step that cannot be undone
+            return Answer("failed", f"{_why(stop)} before the reset: not reset")
         code, out = self.run_cmd([self.nvidia_smi, "--gpu-reset", "-i", pci], self.reset_timeout_s)
         if code != 0:
             return Answer("failed", f"nvidia-smi --gpu-reset -i {pci} exited {code}: {out[-1500:]}")
@@ -223,3 +225,8 @@ def _shutdown(nv: ResetNvml) -> None:
         nv.nvmlShutdown()
     except Exception as exc:  # a shutdown error must not hide the outcome
         log.debug("nvmlShutdown: %s", exc)
+
+
+def _why(stop: threading.Event) -> str:
+    """Why a request's run should stop (a ``Halt`` says; a plain event is the agent's own stop)."""
+    return getattr(stop, "why", "") or "the agent stopped"

@@ -76,6 +76,45 @@ class RequestHandler(Protocol):
         ...
 
 
+class Halt(threading.Event):
+    """What a running request's handler waits on: set when the service withdraws the request (its next poll no longer
+    lists it: the operator rejected the plan, released the node, or kmend cancelled the plan) or when the agent stops.
+    ``why`` says which. A handler checks it before each side effect it can still leave out; a reset already under way
+    (``nvidia-smi --gpu-reset``: seconds) runs to its end."""
+
+    SLICE_S = 0.25
+    """How often a wait looks at the agent's own stop."""
+
+    def __init__(self, agent_stop: threading.Event) -> None:
+        super().__init__()
+        self.agent_stop = agent_stop
+        self.reason = ""
+
+    @property
+    def why(self) -> str:
+        """Why the handler should stop ("" while it should go on)."""
+        if super().is_set():
+            return self.reason
+        return "the agent stopped" if self.agent_stop.is_set() else ""
+
+    def withdraw(self, why: str) -> None:
+        """The service no longer asks for the request."""
+        self.reason = why
+        self.set()
+
+    def is_set(self) -> bool:
+        return super().is_set() or self.agent_stop.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = self.SLICE_S if deadline is None else min(self.SLICE_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            super().wait(left)
+        return True
+
+
 class RequestJournal:
     """``{id: {"state": "started"|"answered", "answer": {...}}}`` in one JSON file, replaced atomically."""
 
@@ -186,6 +225,7 @@ class NodeRequestRunner:
         self.interval = interval
         self.on_answer = on_answer
         self._running: dict[str, threading.Thread] = {}
+        self._halts: dict[str, Halt] = {}
         self._lock = threading.Lock()
 
     @property
@@ -198,7 +238,9 @@ class NodeRequestRunner:
         for rid, ans in self.journal.undelivered().items():
             if self.client.answer(self.node, rid, ans):
                 self.journal.delivered(rid)
-        for req in self.client.pending(self.node, self.capabilities):
+        listed = self.client.pending(self.node, self.capabilities)
+        self._withdrawn({req.id for req in listed})
+        for req in listed:
             handler = self.handlers.get(req.kind)
             if handler is None:
                 continue  # another executor's kind (the platform reboots and replaces)
@@ -209,10 +251,23 @@ class NodeRequestRunner:
                 if entry is not None and entry.get("state") in ("finished", "delivered"):
                     continue  # answered; the service will stop listing it
                 resumed = entry is not None and entry.get("state") == "started"
-                t = threading.Thread(target=self._carry_out, args=(handler, req, resumed, stop),
+                halt = self._halts[req.id] = Halt(stop)
+                t = threading.Thread(target=self._carry_out, args=(handler, req, resumed, halt),
                                      name=f"request-{req.kind}", daemon=True)
                 self._running[req.id] = t
                 t.start()
+
+    def _withdrawn(self, listed: set[str]) -> None:
+        """Halt the running requests the service no longer lists; forget the ended ones."""
+        with self._lock:
+            for rid, t in list(self._running.items()):
+                if not t.is_alive():
+                    del self._running[rid]
+                    self._halts.pop(rid, None)
+                elif rid not in listed and not (halt := self._halts[rid]).is_set():
+                    log.warning("request %s was withdrawn by the service while it ran: stopping it where it can stop",
+                                rid)
+                    halt.withdraw("the service withdrew the request (its plan was decided or cancelled)")
 
     def _carry_out(self, handler: RequestHandler, req: NodeRequest, resumed: bool, stop: threading.Event) -> None:
         try:

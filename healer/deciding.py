@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from healer.gpu_report import SUFFIX as GPU_REPORT_SUFFIX
-from healer.records import ActionStep, Plan, StepState
+from healer.records import ActionStep, Plan, PlanState, StepState
 
 REQUEST_SUFFIXES = ("", "-find", GPU_REPORT_SUFFIX)
 """A step's requests' ids are its own id and these: a repair, a checkpoint search, the evidence's GPU report."""
@@ -23,16 +23,21 @@ def decision(plan: Plan) -> str:
     return plan.reason.rsplit(" | ", 1)[-1]
 
 
+def _how(plan: Plan) -> str:
+    """How the plan ended, in words: "the plan was rejected (rejected by alice)", "the plan failed (step drain …)"."""
+    ended_as = "failed" if plan.state is PlanState.FAILED else f"was {plan.state.value}"
+    return f"the plan {ended_as} ({decision(plan)})"
+
+
 def ended(step: ActionStep, plan: Plan) -> ActionStep:
-    """The step as the decided ``plan`` leaves it: a pending step is skipped (it never ran), a waiting one cancelled
-    (what it had done is kept in its result); the others as they are (a running one is ended by whoever runs it)."""
+    """The step as the ended ``plan`` (decided by an operator, cancelled by a hand uncordon, failed) leaves it: a
+    pending step is skipped (it never ran), a waiting one cancelled (what it had done is kept in its result); the
+    others as they are (a running one is ended by whoever runs it)."""
     if step.state is StepState.PENDING:
-        return replace(step, state=StepState.SKIPPED, result=f"not run: the plan was {plan.state.value} "
-                                                             f"({decision(plan)})")
+        return replace(step, state=StepState.SKIPPED, result=f"not run: {_how(plan)}")
     if step.state is StepState.WAITING:
         return replace(step, state=StepState.CANCELLED,
-                       result=f"cancelled: the plan was {plan.state.value} ({decision(plan)}); it was waiting: "
-                              f"{step.result}"[:2000])
+                       result=f"cancelled: {_how(plan)}; it was waiting: {step.result}"[:2000])
     return step
 
 

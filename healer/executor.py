@@ -270,6 +270,12 @@ class PlanExecutor:
 
     def _finish(self, plan: Plan, state: PlanState, what: Announcement, why: str, stop: Stop) -> Plan:
         plan = replace(plan, state=state, reason=f"{plan.reason} | {why}" if why else plan.reason)
+        if state is not PlanState.SUCCEEDED:
+            # A plan that ended early never runs again: its unfinished steps end with it, none is left pending, and a
+            # waiting repair's request is withdrawn (the agent resets no GPU of a cancelled plan). A cancelled plan's
+            # other open requests go too (the evidence's GPU report); a failed one keeps them for the investigation.
+            close = {StepState.PENDING, StepState.WAITING, *(DONE_STEP_STATES if state is PlanState.CANCELLED else ())}
+            plan = replace(plan, steps=tuple(self.closing(s, plan) if s.state in close else s for s in plan.steps))
         with stop.lock:
             if self._heard(plan.id, stop):
                 raise _Stopped(plan)

@@ -21,12 +21,13 @@ def _withdraw(store: Store, plan: Plan, steps: list[ActionStep]) -> None:
     store.ledger.withdraw(request_ids(steps), f"withdrawn: the plan was {plan.state.value} ({decision(plan)})")
 
 
-def journal_decision(store: Store, plan: Plan, *, in_flight: bool) -> Plan:
+def journal_decision(store: Store, plan: Plan, *, in_flight: bool, leads: bool = True) -> Plan:
     """Save ``plan`` (in its decided state) with every unfinished step ended and withdraw its steps' open requests.
-    ``in_flight``: a task of this process runs the plan, and ends its running step itself."""
+    ``in_flight``: a task of this process runs the plan, and ends its running step itself; ``leads``: this replica
+    leads (else the leader may be running the step)."""
     def end(step: ActionStep) -> ActionStep:
         if step.state is StepState.RUNNING:
-            return step if in_flight else interrupted(step, plan)
+            return step if in_flight else interrupted(step, plan, leads=leads)
         return ended(step, plan)
 
     plan = replace(plan, steps=tuple(map(end, plan.steps)))

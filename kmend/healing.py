@@ -389,7 +389,8 @@ class Healing:
                 raise NotAllowed(f"plan {plan_id} is {plan.state.value}: only waiting or running plans can be "
                                  "rejected")
             plan = replace(plan, state=PlanState.REJECTED, reason=f"{plan.reason} | rejected by {by}")
-            return journal_decision(self.store, plan, in_flight=in_flight)  # its waiting steps end, requests withdrawn
+            return journal_decision(self.store, plan, in_flight=in_flight,  # its waiting steps end, requests withdrawn
+                                    leads=self.executor.is_leader())
 
         with self.lock:
             rejected = self.background.decide(plan_id, decide, closing(self.store))

@@ -22,9 +22,16 @@ DECIDED = (PlanState.REJECTED, PlanState.CANCELLED)
 """Plans an operator ended while a step of theirs could be in flight (a reject, a release of the node)."""
 
 
-def interrupted(step: ActionStep, plan: Plan) -> ActionStep:
-    """The step as it is closed: what it did is unknown (its request may or may not have been applied)."""
+def interrupted(step: ActionStep, plan: Plan, *, leads: bool = True) -> ActionStep:
+    """The step as it is closed: what it did is unknown (its request may or may not have been applied). ``leads``:
+    the replica closing it leads, so no task runs the step any more (a kill -9 left it); else the leader may still run
+    it, and journals its result when it ends."""
     why = plan.reason.rsplit(" | ", 1)[-1]
+    if not leads:
+        return replace(step, state=StepState.INTERRUPTED,
+                       result=f"interrupted: the plan was {plan.state.value} ({why}) through a replica that does not "
+                              "lead while this step ran on the leader, which journals its result when it ends; no "
+                              "later step runs")
     return replace(step, state=StepState.INTERRUPTED,
                    result=f"interrupted: kmend restarted while this step ran, after the plan was {plan.state.value} "
                           f"({why}); not run again")

@@ -34,7 +34,8 @@ def finish_release(plan: Plan, store: Store, executor: PlanExecutor, background:
         if p is None or p.state in FINAL_PLAN_STATES:
             return None
         p = replace(p, state=PlanState.CANCELLED, reason=f"{p.reason} | node released by {by}")
-        return journal_decision(store, p, in_flight=in_flight)  # its waiting steps end, its requests withdrawn
+        # its waiting steps end, its requests withdrawn
+        return journal_decision(store, p, in_flight=in_flight, leads=executor.is_leader())
 
     cancelled = []
     for p in store.list_plans(node=node):

@@ -83,3 +83,24 @@ def test_a_decided_plan_ends_its_waiting_reset_and_the_agent_no_longer_sees_it(t
         assert "GPU 0 reset" in r.json()["result"], r.text
         after = s.client.get(f"/v1/plans/{plan['id']}", headers=OP).json()
         assert after["state"] == decided and after["steps"] == got["steps"], after
+
+
+def test_a_plan_cancelled_by_a_hand_uncordon_ends_its_steps_and_withdraws_the_agents_reset(tmp_path: Path) -> None:
+    """An operator uncordons the node with kubectl while its GPU reset waits for the agent: the plan is cancelled,
+    none of its steps is left pending or waiting, and the agent's poll no longer lists the reset."""
+    with _serve(tmp_path) as s:
+        s.post_signals([kernel(NODE, XID48)])
+        [reset] = s.wait(lambda: [r for r in _polled(s) if r["kind"] == "reset_gpu"])
+        [plan] = s.plans(node=NODE)
+        s.world.cluster.uncordon(NODE)  # kubectl uncordon
+        got = s.wait(lambda: (p := s.client.get(f"/v1/plans/{plan['id']}", headers=OP).json())["state"] == "cancelled"
+                     and p)
+        assert "uncordoned by hand" in got["reason"], got
+        steps = {st["id"]: st for st in got["steps"]}
+        assert not [st for st in steps.values() if st["state"] in ("pending", "running", "waiting")], got["steps"]
+        repair = steps[reset["id"]]
+        assert repair["state"] == "cancelled" and "uncordoned by hand" in repair["result"], repair
+        assert not [r for r in _polled(s) if r["id"].startswith(plan["id"] + "-")], _polled(s)
+        every = s.client.get(f"/v1/nodes/{NODE}/requests", params={"all": "true"}, headers=AGENT).json()
+        assert {r["id"]: r["state"] for r in every["requests"]}[reset["id"]] == "withdrawn", every
+        assert not s.world.cluster.get_node(NODE).unschedulable  # the operator's uncordon stands

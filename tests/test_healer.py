@@ -91,7 +91,11 @@ def test_temporary_errors_are_retried_and_permanent_ones_fail_the_plan(shipped_r
     assert len(h.sleeps) == 2
     assert done.state is PlanState.FAILED
     assert done.steps[1].state is StepState.SUCCEEDED and done.steps[2].state is StepState.FAILED
-    assert "403" in done.steps[2].result and done.steps[3].state is StepState.PENDING
+    assert "403" in done.steps[2].result
+    # A failed plan never runs again: the steps after the failure say so instead of staying pending forever.
+    assert {s.state for s in done.steps[3:]} == {StepState.SKIPPED}
+    assert done.steps[3].result == "not run: the plan failed (step taint failed: 403 Forbidden: nodes is forbidden)"
+    assert h.store.get_plan(plan.id) == done
     assert h.cluster.get_node("gpu-node-02").unschedulable
 
 

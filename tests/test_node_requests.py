@@ -24,7 +24,7 @@ from healer.policy_file import default_policy_path
 from healer.workloads import ObjectKey
 from tests.builders import container, kernel
 from tests.healing import Harness, incident
-from tests.test_runbook_api import OP, _serve
+from tests.test_runbook_api import AGENT, OP, _serve
 
 XID48 = ("[ 100.0] NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit "
          "error (DBE) has been detected on GPU in the framebuffer at partition 5, subpartition 1")
@@ -183,6 +183,42 @@ def test_reset_gpu_plan_is_carried_out_by_the_agent_through_the_service(tmp_path
     assert _calls(tmp_path) == ["--gpu-reset -i 00000000:18:00.0"]
     repair = next(x for x in final["steps"] if x["kind"] == "repair")
     assert "reset and healthy" in repair["result"]
+
+
+def test_a_reset_waiting_for_its_gpu_to_go_idle_stops_when_the_plan_is_rejected(tmp_path: Path) -> None:
+    """The agent has started the reset and waits for the job to leave the GPU; the operator rejects the plan (the job
+    keeps the GPU): the agent's next poll no longer sees the request, so the wait ends and the GPU is never reset."""
+    gpus = _gpus()
+    gpus[1].processes = [4242]  # the training job still holds the GPU
+    nv = FakeNvml(gpus)
+    with _serve(tmp_path) as s:
+        client = HttpNodeRequestClient(str(s.client.base_url), token="agent-token")
+        answers: list[str] = []
+        runner = NodeRequestRunner(node="gpu-node-09", client=client, interval=0.05,
+                                   journal=RequestJournal(tmp_path / "agent" / "requests.json"),
+                                   handlers={"reset_gpu": GpuResetHandler(load_nvml=lambda: nv,
+                                                                          nvidia_smi=str(_fake_smi(tmp_path)),
+                                                                          idle_poll_s=0.05)},
+                                   on_answer=lambda req, ans: answers.append(f"{req.kind} {ans.state}: {ans.message}"))
+        stop = threading.Event()
+        threading.Thread(target=runner.run, args=(stop,), daemon=True).start()
+        try:
+            s.post_signals([kernel("gpu-node-09", XID48)])
+            [plan] = s.wait(lambda: s.plans(node="gpu-node-09"))
+            [reset] = s.wait(lambda: [q for q in s.client.get("/v1/nodes/gpu-node-09/requests", headers=AGENT)
+                                      .json()["requests"] if q["kind"] == "reset_gpu"], timeout=20)
+            s.wait(lambda: (runner.journal.get(reset["id"]) or {}).get("state") == "started", timeout=20)
+            r = s.client.post(f"/v1/plans/{plan['id']}/reject", headers=OP)
+            assert r.status_code == 200 and r.json()["state"] == "rejected", r.text
+            s.wait(lambda: [a for a in answers if a.startswith("reset_gpu")], timeout=20)
+            gpus[1].processes = []  # the job ends later: the agent must not reset the GPU then
+            time.sleep(0.5)
+        finally:
+            stop.set()
+        assert runner.wait_idle(10)
+    [answer] = [a for a in answers if a.startswith("reset_gpu")]
+    assert answer.startswith("reset_gpu failed") and "withdrew" in answer and "not reset" in answer, answer
+    assert _calls(tmp_path) == []
 
 
 def test_a_reset_with_no_agent_on_the_node_fails_within_a_minute_with_the_reason(tmp_path: Path) -> None:

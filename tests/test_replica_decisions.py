@@ -49,6 +49,10 @@ def test_a_reject_sent_to_the_other_replica_stops_the_leaders_run_before_its_nex
         [plan] = b.store.list_plans(node=NODE)
         rejected = b.healing.reject(plan.id, "alice")  # the replica that does not lead takes the call
         assert rejected.state is PlanState.REJECTED
+        # While the leader's write is still in flight, the plan says so: not that kmend restarted.
+        held = next(s for s in rejected.steps if s.kind.value == "condition")
+        assert held.state is StepState.INTERRUPTED and "restarted" not in held.result, held
+        assert "ran on the leader" in held.result and "rejected by alice" in held.result, held
     finally:
         gate.released.set()
     leader.join(60)
