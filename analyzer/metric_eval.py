@@ -272,6 +272,8 @@ class SignalEvaluator:
                 if dt > 0 and delta * 60.0 / dt < rule.min_rate_per_minute:
                     return None
             return _Hit(rule, delta, prev)
+        if rule.condition is Condition.LEFT:
+            return self._left(rule, series, value, prev)
         if rule.condition is Condition.ABOVE:
             holds = rule.threshold is not None and value > rule.threshold
         elif rule.condition is Condition.BELOW:
@@ -288,6 +290,20 @@ class SignalEvaluator:
         if rule.every_sample or streak == rule.for_samples or (rule.refire_on_change and value != prev):
             return _Hit(rule, None, prev)
         return None
+
+    @staticmethod
+    def _left(rule: MetricRule, series: _Series, value: float, prev: float | None) -> _Hit | None:
+        """``left``: the streak is -1 while the value is one of ``values`` (armed), then counts the samples since it
+        left them; 0 for a series never seen in them. Fires once per departure, after ``for_samples`` samples."""
+        if value in rule.values:
+            series.streak[rule.id] = -1
+            return None
+        streak = series.streak.get(rule.id, 0)
+        if streak == 0:
+            return None
+        streak = 1 if streak < 0 else streak + 1
+        series.streak[rule.id] = streak
+        return _Hit(rule, None, prev) if streak == rule.for_samples else None
 
     def _finding(self, hit: _Hit, sig: Signal, sample: MetricSample) -> Finding:
         rule, labels = hit.rule, sample.labels

@@ -37,6 +37,9 @@ class Condition(StrEnum):
     """The value is one of ``values``."""
     BITS_ANY = "bits_any"
     """The value, as an integer bit mask, has any bit of ``mask`` set."""
+    LEFT = "left"
+    """The value was one of ``values`` and is none of them now (a port that left ACTIVE); a series never seen in
+    one of them (a port down since the first read: unused on purpose) never fires."""
 
 
 class MetricExample(BaseModel):
@@ -88,8 +91,8 @@ class MetricRuleSpec(BaseModel):
         c = self.condition
         if c in (Condition.ABOVE, Condition.BELOW) and self.threshold is None:
             raise ValueError(f"condition {c.value!r} needs a threshold")
-        if c is Condition.EQUALS and not self.values:
-            raise ValueError("condition 'equals' needs values")
+        if c in (Condition.EQUALS, Condition.LEFT) and not self.values:
+            raise ValueError(f"condition {c.value!r} needs values")
         if c is Condition.BITS_ANY and self.mask is None:
             raise ValueError("condition 'bits_any' needs a mask")
         if self.min_rate_per_minute is not None and c is not Condition.INCREASED:

@@ -68,3 +68,30 @@ def test_ib_sysfs_source_to_findings(tmp_path: Path, ev: SignalEvaluator) -> Non
     now[0] += 10
     (f,) = ev.match(src.poll().signals)
     assert (f.rule_id, f.where.port, f.fields["delta"]) == ("ib-link-downed", "mlx5_1/1", "2")
+
+
+def test_an_ib_port_that_leaves_active_is_found_once_and_a_port_down_from_the_start_is_not(
+        tmp_path: Path, ev: SignalEvaluator) -> None:
+    """A port that goes from ACTIVE to DOWN (its cable pulled, its switch port disabled: phys_state Disabled) takes a
+    training rail away; a port DOWN since the agent first read it (disabled on purpose, unused) is not news."""
+    root = tmp_path / "infiniband"
+    shutil.copytree(FIXTURES / "ib", root)
+    now = [100.0]
+    src = IbSysfsSource(node="gpu-node-07", root=root, interval=10, clock=lambda: now[0])
+    port = root / "mlx5_0/ports/1"
+
+    def poll() -> list[tuple[str, str | None, str, str]]:
+        now[0] += 10
+        return [(f.rule_id, f.where.port, f.fields["previous"], f.fields["value"])
+                for f in ev.match(src.poll().signals) if f.rule_id.startswith("ib-port")]
+
+    assert poll() == []  # mlx5_1 is DOWN / Disabled from the first read on
+    (port / "state").write_text("1: DOWN\n")
+    (port / "phys_state").write_text("3: Disabled\n")
+    assert poll() == [("ib-port-left-active", "mlx5_0/1", "4", "1")]
+    assert poll() == [] and poll() == []  # still down: one finding for the episode
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "phys_state").write_text("5: LinkUp\n")
+    assert poll() == []
+    (port / "state").write_text("2: INIT\n")  # it flaps again
+    assert poll() == [("ib-port-left-active", "mlx5_0/1", "4", "2")]
