@@ -197,6 +197,7 @@ def write(tmp_path: Path, doc: dict[str, Any]) -> Path:
 @pytest.mark.parametrize(("change", "field", "problem"), [
     ({"threshold": None}, "metric_rules", "needs a threshold"),
     ({"condition": "rising"}, "condition", "Input should be"),
+    ({"condition": "left", "threshold": None}, "metric_rules", "condition 'left' needs values"),
     ({"labels": {"gpu": "(?=0)"}}, "labels.gpu", "backtracking"),
     ({"examples": [{"samples": ['nvml_xid{gpu="0"} 0']}]}, "examples[0]", "does not fire"),
     ({"examples": [{"samples": ['DCGM_FI_DEV_GPU_TEMP{gpu="0"} 99']}]}, "examples[0]", "not one of the rule"),
