@@ -153,7 +153,7 @@ class DetectorSuite:
             # (same stack, no CPU used) in its own code while the others wait, is a hang at the first look.
             return self._idle(job, since) is not None
         earlier = self.stacks.earlier(job, since)
-        if len(earlier) < ranks or exoneration(fresh, ranks, earlier) is not None:
+        if len(earlier) < ranks or exoneration(fresh, ranks, earlier, self.stacks.apart(job)) is not None:
             return False
         # Every rank in a collective, twice, is a hang only for a job whose pace is known: a first step of tens of
         # seconds spends most of them in backward's all-reduce too. A rank stuck elsewhere is a hang either way.
