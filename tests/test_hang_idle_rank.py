@@ -97,6 +97,18 @@ def test_after_steps_the_idle_rank_is_named_in_the_hang() -> None:
     assert got[1].where.rank == 1 and "rank 1 on n0 idle in _deadlock" in got[1].message
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_before_the_third_report_the_idle_rank_is_named_within_the_target(count: int) -> None:
+    suite = DetectorSuite()
+    last = reports(suite, count)
+    look(suite, last + 5.0, {1: LOCKED}, {0: 3.0, 1: 4.0})
+    look(suite, last + 8.0, {1: LOCKED}, {0: 3.2, 1: 4.0})
+    got = first_hang(suite, last + 1.0, last + 60.0)
+    assert got is not None and got[0] - last <= 13.0
+    assert got[1].where.rank == 1 and got[1].fields["reports"] == str(count)
+    assert "rank 1 on n0 idle in _deadlock" in got[1].message
+
+
 def test_the_stack_dump_finding_says_the_rank_is_idle() -> None:
     det = StackDetector()
     for ts, cpu in ((10.0, 4.0), (18.0, 4.01)):
