@@ -14,6 +14,9 @@ still stuck, before any plan restarts it:
   state: a stopped process (``T`` in ``/proc/<pid>/stat``) cannot be paused by
   py-spy, so it is read without pausing (``--nonblocking``: it runs no code, so
   its memory holds still), and being stopped is itself the strongest evidence;
+- with each stack it sends the process's CPU time (``utime + stime`` of ``/proc/<pid>/stat``, read just
+  before the dump): two looks whose stacks are the same tell a rank blocked for good (a lock, a queue, a socket:
+  no CPU used in between) from one busy in a single long call (CPU used);
 - where the process set ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (with
   ``TORCH_NCCL_TRACE_BUFFER_SIZE`` > 0), ProcessGroupNCCL reads the FIFO
   ``<value><rank>.pipe``; writing to it makes the rank write its Flight Recorder
@@ -42,6 +45,8 @@ from collector.sources.base import Clock, Poll
 
 log = logging.getLogger(__name__)
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
 KIND = "stack_dump"
 """Request kind the service opens on a suspected hang."""
 MAX_STACK_BYTES = 256 * 1024
@@ -49,7 +54,7 @@ MAX_STACK_BYTES = 256 * 1024
 MAX_PARALLEL_DUMPS = 8
 """py-spy runs at most this many at once (a node's ranks: one per GPU)."""
 __all__ = ["KIND", "ProcessFinder", "PySpyDumper", "StackDumper", "StackRequestResponder", "TrainingProcess",
-           "poke_flight_recorder"]
+           "cpu_seconds", "poke_flight_recorder"]
 
 
 
@@ -60,6 +65,21 @@ def is_of_job(proc: TrainingProcess, job: str) -> bool:
     ns, sep, name = job.partition("/")
     # A process whose pod is not known here (off-cluster, no pod directory) is matched by the job's name.
     return bool(sep) and name in proc.names and (proc.pod is None or proc.pod.split("/", 1)[0] == ns)
+
+def cpu_seconds(proc_root: Path, pid: int) -> float | None:
+    """CPU time a process has used, user and system (``utime + stime`` of ``/proc/<pid>/stat``), in seconds; None
+    when it is gone or unreadable."""
+    try:
+        text = (proc_root / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: the fields start after the last ')'.
+    fields = text.rpartition(")")[2].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (IndexError, ValueError):
+        return None
+
 
 class StackDumper(Protocol):
     """Captures one process's Python stack.
@@ -195,6 +215,7 @@ class StackRequestResponder:
         # Every rank is looked at at once and the stacks are sent only when all are in: the service judges a
         # job's stacks once they stop arriving, and one slow dump (a stopped process, a loaded node) between two
         # uploads would have it judge the job from part of its ranks.
+        cpu = {p.pid: cpu_seconds(self.finder.proc_root, p.pid) for p in procs}
         with ThreadPoolExecutor(max_workers=min(len(procs), MAX_PARALLEL_DUMPS)) as pool:
             looks = list(pool.map(self._look, procs))
         problems = [why for _, _, why in looks if why]
@@ -202,9 +223,11 @@ class StackRequestResponder:
         for p, text, _ in looks:
             if text is None:
                 continue
-            params: dict[str, str | int] = {"job": job, "rank": p.rank, "node": self.node, "pid": p.pid}
+            params: dict[str, str | int | float] = {"job": job, "rank": p.rank, "node": self.node, "pid": p.pid}
             if p.state:
                 params["state"] = p.state
+            if (used := cpu[p.pid]) is not None:
+                params["cpu_s"] = used
             try:
                 resp = self._client.post(f"{self.base}/v1/stacks", headers=self._headers, params=params,
                                          content=text.encode()[:MAX_STACK_BYTES])

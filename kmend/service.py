@@ -286,16 +286,19 @@ class Kmend:
         self._count(outcome)
         return outcome
 
-    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "") -> None:
+    def ingest_stack(self, job: str, rank: int, node: str, pid: int, text: str, state: str = "",
+                     cpu_s: float | None = None) -> None:
         """Accept one training process's Python stack, captured by the node agent on a suspected hang."""
         if self.replicas is not None:
             self.replicas.ingest_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
+                                                        cpu_s=cpu_s,
                                                         source=f"{node}/stack/{job}/{rank}/{pid}/{self.clock():.3f}"))
             return
         with self._lock:
             t = self.detector_now()
             self.detectors.add_stack(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
-                                                      source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"), t)
+                                                      cpu_s=cpu_s, source=f"{node}/stack/{job}/{rank}/{pid}/{t:.3f}"),
+                                     t)
         self._wake.set()
 
     def _request_evidence(self, now: float, suspects: list[tuple[str, list[str], float]] | None = None) -> None:

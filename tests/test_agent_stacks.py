@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder, TrainingProcess
+from collector.stacks import ProcessFinder, PySpyDumper, StackRequestResponder, TrainingProcess, cpu_seconds
 from healer.notify import LogNotifier
 from healer.steps.base import RepairRequest
 from kmend.app import create_app
@@ -141,6 +141,7 @@ def test_a_stack_request_is_answered_with_stacks_and_a_flight_recorder_dump(
     assert (tmp_path / "dumped").read_text() == "dump"
     kept = kmend.detectors.stacks._stacks[JOB][3]
     assert kept.pid == stuck.pid and "wait_for_batch" in kept.text
+    assert kept.cpu_s is not None and 0.0 <= kept.cpu_s <= (cpu_seconds(Path("/proc"), stuck.pid) or -1.0)
 
 
 class _Ranks:
@@ -182,6 +183,43 @@ def test_a_jobs_stacks_on_a_node_reach_the_service_together_when_one_dump_is_slo
     first, last = min(t for t, _ in posted), max(t for t, _ in posted)
     assert first - start >= 0.9, "a stack was sent before every rank's dump was in"
     assert last - first < 0.5
+
+
+class _ProcRoot:
+    """Two ranks of one job whose ``/proc/<pid>/stat`` files (in a fixture directory) give their CPU time."""
+
+    def __init__(self, root: Path) -> None:
+        self.proc_root = root
+        for pid, (utime, stime) in {101: (250, 50), 102: (7, 1)}.items():
+            (root / str(pid)).mkdir()
+            # comm with a space and a parenthesis: fields are counted after the last ')'.
+            (root / str(pid) / "stat").write_text(
+                f"{pid} (pt main) x) S 1 {pid} {pid} 0 -1 4194304 10 0 0 0 {utime} {stime} 0 0 20 0 9 0 500 0 0\n")
+
+    def find(self) -> list[TrainingProcess]:
+        return [TrainingProcess(pid=pid, rank=pid - 101, job="j", pipe=None, state="S") for pid in (101, 102, 103)]
+
+    def dump(self, pid: int, *, stopped: bool = False) -> str:
+        return f"Process {pid}: python\nThread {pid} (idle): \"MainThread\"\n"
+
+
+def test_each_stack_goes_with_the_cpu_time_its_process_had_used(tmp_path: Path) -> None:
+    # Two looks with the same stack tell a rank blocked for good (no CPU used) from one busy in a long call.
+    sent: dict[str, str | None] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent[request.url.params["rank"]] = request.url.params.get("cpu_s")
+        return httpx.Response(202, json={})
+
+    node = _ProcRoot(tmp_path)
+    responder = StackRequestResponder(url="http://kmend", node="n1", finder=node,  # type: ignore[arg-type]
+                                      dumper=node, client=httpx.Client(transport=httpx.MockTransport(handler)),
+                                      clock=time.monotonic)
+    state, _ = responder.answer("j")
+    responder.close()
+    tick = os.sysconf("SC_CLK_TCK")
+    assert state == "done"
+    assert sent == {"0": str(300 / tick), "1": str(8 / tick), "2": None}  # pid 103 has no stat: sent without
 
 
 class _Traced:
@@ -241,6 +279,9 @@ def test_no_process_of_the_job_answers_failed_with_why(tmp_path: Path) -> None:
     ({"job": "j", "rank": 0, "node": "n"}, b"Thread 1", 422, "pid"),
     ({"job": "j", "rank": -1, "node": "n", "pid": 5}, b"Thread 1", 422, "rank"),
     ({"job": "j", "rank": 0, "node": "n", "pid": 5}, b"x" * (256 * 1024 + 1), 413, "larger"),
+    ({"job": "j", "rank": 0, "node": "n", "pid": 5, "cpu_s": -1}, b"Thread 1", 422, "cpu_s"),
+    ({"job": "j", "rank": 0, "node": "n", "pid": 5, "cpu_s": "nan"}, b"Thread 1", 422, "cpu_s"),
+    ({"job": "j", "rank": 0, "node": "n", "pid": 5, "cpu_s": "lots"}, b"Thread 1", 422, "cpu_s"),
 ])
 def test_bad_stack_uploads_get_a_4xx_naming_the_field(tmp_path: Path, params: dict[str, object], body: bytes,
                                                      status: int, names: str) -> None:

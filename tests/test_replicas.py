@@ -203,10 +203,10 @@ def test_a_stack_dump_posted_to_a_replica_reaches_the_leaders_stack_detector(pai
     a, b, _ = pair
     assert a.replicas is not None
     b.ingest_stack("job-a", 1, "gpu-node-01", 4242, "Thread 4242 (idle): \"MainThread\"\n    wait (torch/x.py:1)",
-                   state="T")
+                   state="T", cpu_s=12.5)
     assert a.replicas.tail() == 1
     kept = a.detectors.stacks._stacks["job-a"][1]
-    assert (kept.node, kept.pid, kept.stopped) == ("gpu-node-01", 4242, True)
+    assert (kept.node, kept.pid, kept.stopped, kept.cpu_s) == ("gpu-node-01", 4242, True, 12.5)
     assert "job-a" not in b.detectors.stacks._stacks  # the replica that received it keeps nothing
 
 

@@ -106,6 +106,9 @@ class HangDetector:
         self.confirmed: Callable[[str, float], bool | None] = lambda job, since: None
         """For a job silent since a time: whether stacks of every rank, taken since, show it stuck (None: no stack
         of it was taken since)."""
+        self.idle: Callable[[str, float], tuple[int, str, str] | None] = lambda job, since: None
+        """For a job silent since a time: the rank two looks taken since show blocked in its own code while its
+        peers wait in a collective, as (rank, node, what the stacks show); None when they show none."""
 
     def forget(self, job: str) -> None:
         """Drop what is kept about a job that left the book."""
@@ -263,7 +266,18 @@ class HangDetector:
         fields["run"] = str(job.run)
         where = job_location(name)
         evidence: tuple[str, ...] = ()
-        if culprit is not None:
+        idle = self.idle(name, newest) if culprit is None and gpu_node is None else None
+        if idle is not None:
+            where = job_location(name, node=idle[1], rank=idle[0])
+            fields["culprit_rank"] = str(idle[0])
+            fields["idle_rank"] = idle[2][:500]
+            if job.steps_seen:
+                msg = (f"job {name}: every rank stalled at step {job.max_step} for {now - newest:.0f} s "
+                       f"(threshold {thr:.0f} s); {idle[2]}")
+            else:
+                msg = (f"job {name}: no progress line {now - newest:.0f} s after its {len(job.started)} rank "
+                       f"process(es) started (threshold {thr:.0f} s); {idle[2]}")
+        elif culprit is not None:
             rank, st = culprit
             where = job_location(name, node=st.node, rank=rank)
             evidence = (st.signal_id,) if st.signal_id else ()

@@ -10,6 +10,13 @@ name the ranks outside the collective. A rank whose process is stopped (state
 ``T`` in ``/proc/<pid>/stat``: SIGSTOP, a job-control stop, a tracer) runs no
 code at all; when some ranks are stopped and the others are not, the stopped
 ones are what the others wait for, wherever their stacks say they are.
+
+A rank blocked for good without being stopped (a lock another of its threads holds, a ``queue.get``, a socket
+read, a sleep loop waiting for something that never comes) is told from a rank busy in a long call by two looks
+some seconds apart: its stack did not move and its process used (almost) no CPU in between (the agent sends the
+CPU time with each stack). Such a rank, outside any collective in its own code while every other rank waits in
+one at both looks, is ``idle``: what the others wait for, even before the job's first step. A rank outside the
+collectives whose CPU time advanced is busy, slow rather than stuck, even when its stack reads the same.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from analyzer.detectors import HANG_CAUSES
 from analyzer.records import Action, FaultClass, Finding, Severity, job_location
 from collector.frames import FRAME, in_collective, place
 
-__all__ = ["DETECTOR_ID", "MAX_STACK_CHARS", "StackDetector", "StackSample", "exoneration", "in_collective",
-           "main_frames", "place"]
+__all__ = ["DETECTOR_ID", "MAX_STACK_CHARS", "StackDetector", "StackSample", "exoneration", "idle_ranks",
+           "in_collective", "main_frames", "place"]
 
 DETECTOR_ID = "stack-dump"
 MAX_STACK_CHARS = 16384
@@ -32,6 +39,17 @@ MAX_STACK_CHARS = 16384
 LOOP_CALLS = 3
 """Frames a wait or poll loop's body may call below the loop's own function (``work.is_completed()``, a store's
 key check, a sleep helper) and still be that loop: a training step's frames run far deeper (modules, autograd)."""
+
+IDLE_CPU_FRACTION = 0.05
+"""A rank that used less than this share of one CPU between two looks ran no code in between (a blocked process's
+helper threads wake now and then); one that used more is busy."""
+MIN_APART_S = 2.0
+"""Two looks closer than this say nothing about whether a rank runs (a process's CPU time counts in ticks)."""
+
+DELEGATED_FILES = ("torch/_inductor/", "torch/_dynamo/", "triton/", "concurrent/futures/", "multiprocessing/",
+                   "subprocess.py")
+"""A rank waiting in these waits for work it handed to other processes (a compile's worker pool, a process pool,
+a child command): their CPU time is not its own, so its own standing still says nothing."""
 
 MAX_WAIT_S = 3600.0
 """Stacks of a job that is neither called hung nor progressing this long after are dropped."""
@@ -55,6 +73,9 @@ class StackSample:
     """Evidence id."""
     state: str = ""
     """The process's state letter from ``/proc/<pid>/stat`` when the agent sent it (``T``: stopped)."""
+    cpu_s: float | None = None
+    """CPU time (user + system seconds) the process had used when its stack was taken; None from an agent that
+    does not send it."""
 
     @property
     def stopped(self) -> bool:
@@ -106,8 +127,65 @@ def moved(before: list[str], after: list[str]) -> bool:
     return max(len(a), len(b)) - same > LOOP_CALLS
 
 
+def cpu_used(before: StackSample, after: StackSample, apart_s: float | None) -> float | None:
+    """Share of one CPU the rank's process used between two looks `apart_s` seconds apart (None: unknown, the
+    agent sent no CPU time, the looks too close, or another process under the same rank)."""
+    if (before.cpu_s is None or after.cpu_s is None or apart_s is None or apart_s < MIN_APART_S
+            or before.pid != after.pid or before.node != after.node):
+        return None
+    return max(after.cpu_s - before.cpu_s, 0.0) / apart_s
+
+
+def collective_frame(frames: list[str]) -> str | None:
+    """The innermost frame of a thread waiting on its peers that is in a collective (for the operator)."""
+    for fr in frames:
+        if in_collective([fr]):
+            return fr
+    return None
+
+
+def idle_ranks(stacks: Mapping[int, StackSample], ranks: int, previous: Mapping[int, StackSample],
+               apart: Mapping[int, float]) -> list[int]:
+    """Ranks blocked for good while their peers wait for them: at two looks (`previous`, then `stacks`, `apart`
+    seconds apart per rank) in their own code (``code``, no collective and no `BUSY_PLACES` place, not waiting on
+    other processes: `DELEGATED_FILES`) with a stack that did not move and CPU time that did not advance, while
+    every other rank waits in a collective at both.
+    Empty unless every one of the `ranks` answered both looks and at least one rank waits."""
+    if ranks <= 0 or len(stacks) < ranks or any(r not in previous for r in stacks):
+        return []
+    if any(s.stopped for s in stacks.values()):
+        return []
+    now = {r: main_frames(s.text) for r, s in stacks.items()}
+    then = {r: main_frames(s.text) for r, s in previous.items()}
+    waiting = [r for r in now if place(now[r]) == "collective" and place(then[r]) == "collective"]
+    idle = [r for r in now if r not in waiting]
+    if not waiting or not idle:
+        return []
+    for r in idle:
+        used = cpu_used(previous[r], stacks[r], apart.get(r))
+        if (place(now[r]) != "code" or place(then[r]) != "code" or moved(then[r], now[r]) or used is None
+                or used >= IDLE_CPU_FRACTION or _delegated(now[r])):
+            return []
+    return sorted(idle)
+
+
+def _delegated(frames: list[str]) -> bool:
+    return any(part in fr for fr in frames for part in DELEGATED_FILES)
+
+
+def idle_message(stacks: Mapping[int, StackSample], idle: list[int]) -> str:
+    """``rank N idle in <frame> while its peers wait in <collective>``, for the first of the `idle` ranks."""
+    s = stacks[idle[0]]
+    frames = main_frames(s.text)
+    peers = sorted(r for r in stacks if r not in idle)
+    waits = next((f for r in peers if (f := collective_frame(main_frames(stacks[r].text)))), "a collective")
+    return (f"rank {s.rank} on {s.node} idle in {frames[0] if frames else 'no Python frame'} while its peers "
+            f"({','.join(map(str, peers[:8]))}) wait in {waits}")
+
+
 def exoneration(stacks: Mapping[int, StackSample], ranks: int,
-                previous: Mapping[int, StackSample] | None = None) -> str | None:
+                previous: Mapping[int, StackSample] | None = None,
+                apart: Mapping[int, float] | None = None) -> str | None:
     """Why stacks taken in a silence show a slow job rather than a hung one, or None (they confirm a hang).
 
     Confirms: a stack missing for one of the `ranks`, a stopped process, every rank waiting in a collective
@@ -116,8 +194,10 @@ def exoneration(stacks: Mapping[int, StackSample], ranks: int,
     no rank waits on a peer (each runs its own code), or the ranks the others wait for are all busy in a
     `BUSY_PLACES` place (in synchronous training the peers of a rank whose data loader is slow wait in the
     next all-reduce within one step: that is what a slow step looks like, too). Stacks that would confirm
-    exonerate all the same when an earlier look in the same silence (`previous`) saw a rank elsewhere: a hung
-    job's stacks stay as they are, a running one's move (a rank spinning in a wait loop has not moved: `moved`).
+    exonerate all the same when an earlier look in the same silence (`previous`, `apart` seconds before) saw a
+    rank elsewhere: a hung job's stacks stay as they are, a running one's move (a rank spinning in a wait loop has
+    not moved: `moved`); or when a rank outside the collectives used CPU in between (`IDLE_CPU_FRACTION` of one):
+    busy in one long call, the same stack at both looks.
     """
     if ranks <= 0 or len(stacks) < ranks or any(s.stopped for s in stacks.values()):
         return None
@@ -126,6 +206,12 @@ def exoneration(stacks: Mapping[int, StackSample], ranks: int,
                      if r in previous and moved(main_frames(previous[r].text), main_frames(s.text)))
         if ran:
             return f"rank(s) {','.join(map(str, ran[:8]))} moved between two looks"
+        busy = sorted(r for r, s in stacks.items()
+                      if r in previous and place(main_frames(s.text)) != "collective"
+                      and (used := cpu_used(previous[r], s, (apart or {}).get(r))) is not None
+                      and used >= IDLE_CPU_FRACTION)
+        if busy:
+            return f"rank(s) {','.join(map(str, busy[:8]))} outside the collectives used CPU between two looks"
     where = {r: place(main_frames(s.text)) for r, s in stacks.items()}
     outside = {r: p for r, p in where.items() if p != "collective"}
     if not outside:
@@ -167,6 +253,11 @@ class StackDetector:
         """Each rank's stack from the look before the freshest, when both arrived after `since`."""
         return {r: s for r, (s, ts) in self._before.get(job, {}).items() if ts > since}
 
+    def apart(self, job: str) -> dict[int, float]:
+        """Seconds between each rank's freshest stack and the one before it (ranks with two kept)."""
+        taken = self._taken.get(job, {})
+        return {r: taken[r] - ts for r, (_, ts) in self._before.get(job, {}).items() if r in taken}
+
     def forget(self, job: str) -> None:
         """Drop the stacks kept for a job that left the book."""
         for kept in (self._stacks, self._last, self._expected, self._taken, self._before, self._known):
@@ -206,18 +297,20 @@ class StackDetector:
             verdict = hung(job, self._last[job])
             if verdict is None and now - self._last[job] < MAX_WAIT_S:
                 continue
+            apart = self.apart(job)
             del self._stacks[job]
             self._expected.pop(job, None)
             self._taken.pop(job, None)
-            self._before.pop(job, None)
+            before = {r: s for r, (s, _) in self._before.pop(job, {}).items()}
             known = self._known.pop(job, {})
             last = self._last.pop(job)
             if verdict:
-                out.append(self._finding(job, got, max(now, last), known))
+                idle = idle_ranks(got, len(got), before, apart) if not set(known) - set(got) else []
+                out.append(self._finding(job, got, max(now, last), known, idle))
         return out
 
     def _finding(self, job: str, stacks: Mapping[int, StackSample], ts: float,
-                 known: Mapping[int, str] | None = None) -> Finding:
+                 known: Mapping[int, str] | None = None, idle: list[int] | None = None) -> Finding:
         frames = {r: main_frames(s.text) for r, s in stacks.items()}
         missing = sorted(set(known or {}) - set(stacks))
         waiting = sorted(r for r, fr in frames.items() if in_collective(fr) and not stacks[r].stopped)
@@ -253,7 +346,10 @@ class StackDetector:
             fields["culprit_rank"] = str(s.rank)
             fields["culprit_stack"] = s.text[:MAX_STACK_CHARS]
             top = frames[s.rank][0] if frames[s.rank] else "no Python frame"
-            if s.stopped:
+            if idle and s.rank in idle:
+                fields["idle_ranks"] = ",".join(map(str, idle[:64]))
+                msg = f"job {job}: " + idle_message(stacks, idle)
+            elif s.stopped:
                 others = [r for r in sorted(stacks) if r not in stopped]
                 msg = (f"job {job}: the process of rank {s.rank} on {s.node} (pid {s.pid}) is stopped (state "
                        f"{s.state}, at {top}) while rank(s) {','.join(map(str, others[:8]))} run")

@@ -9,7 +9,15 @@ from typing import TypeVar
 from analyzer.detectors.book import JobBook
 from analyzer.detectors.flight_recorder import Dump, FlightRecorderDetector, RankDump, SettledJob, load_dump
 from analyzer.detectors.hang import HangConfig, HangDetector
-from analyzer.detectors.stacks import StackDetector, StackSample, exoneration, main_frames, place
+from analyzer.detectors.stacks import (
+    StackDetector,
+    StackSample,
+    exoneration,
+    idle_message,
+    idle_ranks,
+    main_frames,
+    place,
+)
 from analyzer.detectors.straggler import StragglerConfig, StragglerDetector
 from analyzer.detectors.survey import SurveyDetector
 from analyzer.detectors.witnesses import WitnessDetector
@@ -54,6 +62,7 @@ class DetectorSuite:
         self.survey = SurveyDetector(self.book)
         self.hang.exonerate = self._exonerate
         self.hang.confirmed = self._confirmed
+        self.hang.idle = self._idle
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
@@ -111,7 +120,19 @@ class DetectorSuite:
         """Why the stacks taken since the job's last progress show it slow rather than hung (None: they don't)."""
         state = self.book.jobs.get(job)
         ranks = (sum(1 for r in state.ranks if r >= 0) or len(state.started)) if state else 0
-        return exoneration(self.stacks.fresh(job, since), ranks, self.stacks.earlier(job, since))
+        return exoneration(self.stacks.fresh(job, since), ranks, self.stacks.earlier(job, since),
+                           self.stacks.apart(job))
+
+    def _ranks(self, job: str) -> int:
+        state = self.book.jobs.get(job)
+        return max(sum(1 for r in state.ranks if r >= 0) or len(state.started), 1) if state else 1
+
+    def _idle(self, job: str, since: float) -> tuple[int, str, str] | None:
+        """The rank that two looks taken since the job's last progress show blocked for good in its own code while
+        its peers wait in a collective (``idle_ranks``): (rank, node, what the stacks show); None when none."""
+        fresh = self.stacks.fresh(job, since)
+        idle = idle_ranks(fresh, self._ranks(job), self.stacks.earlier(job, since), self.stacks.apart(job))
+        return (idle[0], fresh[idle[0]].node, idle_message(fresh, idle)) if idle else None
 
     def _confirmed(self, job: str, since: float) -> bool | None:
         """Whether stacks taken since the job's last progress show it stuck: every rank answered, and a process is
@@ -128,10 +149,11 @@ class DetectorSuite:
             return True
         if state is None or not state.steps_seen:
             # Start-up has ranks waiting at a barrier for one still importing or compiling (a compile's wait loop
-            # does not move): before the first report only a stopped process is a hang at the first look.
-            return False
+            # does not move): before the first report only a stopped process, or one that two looks found idle
+            # (same stack, no CPU used) in its own code while the others wait, is a hang at the first look.
+            return self._idle(job, since) is not None
         earlier = self.stacks.earlier(job, since)
-        if len(earlier) < ranks or exoneration(fresh, ranks, earlier) is not None:
+        if len(earlier) < ranks or exoneration(fresh, ranks, earlier, self.stacks.apart(job)) is not None:
             return False
         # Every rank in a collective, twice, is a hang only for a job whose pace is known: a first step of tens of
         # seconds spends most of them in backward's all-reduce too. A rank stuck elsewhere is a hang either way.

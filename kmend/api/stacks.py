@@ -27,6 +27,9 @@ async def ingest_stack(
     pid: Annotated[int, Query(ge=1)],
     state: Annotated[str, Query(pattern=r"^[A-Za-z]?$",
                                 description="the process's state letter from /proc/<pid>/stat (T: stopped)")] = "",
+    cpu_s: Annotated[float | None, Query(ge=0, le=1e12, allow_inf_nan=False,
+                                         description="CPU time (user + system seconds) the process had used when its "
+                                                     "stack was taken")] = None,
 ) -> Any:
     """Accept the stack the node agent captured; a job's stacks are judged together once they stop arriving.
 
@@ -41,5 +44,6 @@ async def ingest_stack(
         raise HTTPException(400, f"body: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     if not text.strip():
         raise HTTPException(400, "body: empty stack dump")
-    await run_in_threadpool(kmend.ingest_stack, job, rank, node, pid, text[:MAX_STACK_CHARS], state)  # takes the lock
+    await run_in_threadpool(kmend.ingest_stack, job, rank, node, pid, text[:MAX_STACK_CHARS], state,
+                            cpu_s)  # takes the lock
     return {"accepted": True, "job": job, "rank": rank}

@@ -68,7 +68,7 @@ def digest_to_dict(d: BatchDigest) -> dict[str, Any]:
         "metrics": [[s.node, s.source.value, s.ts, s.payload.name, s.payload.value, dict(s.payload.labels)]
                     for s in d.metrics if isinstance(s.payload, MetricSample)],
         "stacks": [[st.job, st.ts, st.sample.rank, st.sample.node, st.sample.pid, st.sample.text, st.sample.state,
-                    st.sample.source] for st in d.stacks],
+                    st.sample.source, st.sample.cpu_s] for st in d.stacks],
         "dumps": [{"job": r.job, "rank": r.rank, "node": r.node, "ts": r.ts, "source": r.source,
                    "entries": [[e.pg[0], e.pg[1], e.seq, e.op, e.completed] for e in r.dump.entries],
                    "groups": {name: [desc, list(ranks)] for name, (desc, ranks) in r.dump.groups.items()}}
@@ -86,9 +86,10 @@ def digest_from_dict(d: dict[str, Any]) -> BatchDigest:
         metrics=tuple(Signal(id="", node=node, source=Source(src), ts=ts, payload=MetricSample(name, value, labels))
                       for node, src, ts, name, value, labels in d["metrics"]),
         newest=float(d["newest"]),
+        # A stack a replica without CPU times wrote has eight items.
         stacks=tuple(StackReport(job, StackSample(rank=rank, node=node, pid=pid, text=text, state=state,
-                                                  source=source), ts)
-                     for job, ts, rank, node, pid, text, state, source in d.get("stacks", [])),
+                                                  source=source, cpu_s=cpu[0] if cpu else None), ts)
+                     for job, ts, rank, node, pid, text, state, source, *cpu in d.get("stacks", [])),
         dumps=tuple(DumpReport(r["job"], int(r["rank"]), r["node"], _dump(r), float(r["ts"]), r["source"])
                     for r in d.get("dumps", [])),
     )

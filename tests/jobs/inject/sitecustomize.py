@@ -10,7 +10,11 @@ equals ``KMEND_FAULT_RANK``, after ``KMEND_FAULT_AFTER`` optimizer steps:
   hangs while its peers wait in the gradient all-reduce);
 - ``KMEND_FAULT=crash``: raise at the next optimizer step (an application bug on one rank);
 - ``KMEND_FAULT=stall_loader``: once, after ``KMEND_FAULT_AFTER`` batches, the data loader's fetch of the next
-  batch takes ``KMEND_FAULT_STALL_S`` seconds (storage that stalls, then recovers: a slow job, not a hung one).
+  batch takes ``KMEND_FAULT_STALL_S`` seconds (storage that stalls, then recovers: a slow job, not a hung one);
+- ``KMEND_FAULT=deadlock``: at its next forward pass the process blocks for good on a lock another of its threads
+  holds (a deadlock in the job's own code: the process sleeps, uses no CPU and is never stopped);
+- ``KMEND_FAULT=load``: at its first forward pass it spends ``KMEND_FAULT_LOAD_S`` seconds decoding records on its
+  CPU (a slow data load before the first step: busy, its stack changing), then trains on.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 
 if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("KMEND_FAULT_RANK"):
     import signal
+    import threading
     import time
 
     from torch.nn.modules.module import register_module_forward_pre_hook
@@ -40,9 +45,36 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
 
     _forwards = [0]
 
+    def _deadlock() -> None:
+        held, taken = threading.Lock(), threading.Event()
+
+        def _holder() -> None:
+            with held:
+                taken.set()
+                threading.Event().wait()  # keeps the lock for good
+
+        threading.Thread(target=_holder, name="holder", daemon=True).start()
+        taken.wait()
+        held.acquire()
+
+    def _load(seconds: float) -> None:
+        import json
+        import random
+
+        end = time.monotonic() + seconds
+        records = [{"id": i, "text": "x" * random.randint(1, 200)} for i in range(2000)]
+        while time.monotonic() < end:
+            json.loads(json.dumps(records))
+            sorted(records, key=lambda r: (len(r["text"]), r["id"]))
+
     def _forward(_module: object, _inputs: object) -> None:
         if _fault == "stop" and _steps[0] >= _after:
             os.kill(os.getpid(), signal.SIGSTOP)
+        if _fault == "deadlock" and _steps[0] >= _after:
+            _deadlock()
+        if _fault == "load" and not _forwards[0]:
+            _forwards[0] = 1
+            _load(float(os.environ["KMEND_FAULT_LOAD_S"]))
         if _fault == "slow_forward" and _steps[0] >= _after and _forwards[0] < _steps[0]:
             _forwards[0] = _steps[0]  # once per step: the hook runs for every submodule's forward
             time.sleep(_slow_s)
