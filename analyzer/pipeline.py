@@ -38,15 +38,24 @@ def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
     return {(f"{ns}/{job}" if ns else job, node) for (ns, job), node in pairs if job}
 
 
-def strongest_per_signal(found: Sequence[Finding]) -> list[Finding]:
-    """One finding per evidence signal: the most severe, the first in rule order on a tie."""
+def strongest_per_signal(found: Sequence[Finding], generic: frozenset[str] = frozenset()) -> list[Finding]:
+    """One finding per evidence signal: a specific rule's over a catch-all's (``generic``: rule ids),
+    then the most severe, then the first in rule order."""
     best: dict[str, Finding] = {}
+    rank: dict[str, tuple[int, int]] = {}
     for f in found:
         key = f.evidence[0] if f.evidence else f.id
-        cur = best.get(key)
-        if cur is None or SEVERITY_RANK[f.severity] > SEVERITY_RANK[cur.severity]:
+        r = (f.rule_id not in generic, SEVERITY_RANK[f.severity])
+        if key not in best or r > rank[key]:
             best[key] = f
+            rank[key] = r
     return list(best.values())
+
+
+def drop_shadowed_generic(found: Sequence[Finding], generic: frozenset[str]) -> list[Finding]:
+    """The findings less a catch-all's on a signal a specific rule also matched (the specific one names the cause)."""
+    specific = {f.evidence[0] for f in found if f.evidence and f.rule_id not in generic}
+    return [f for f in found if f.rule_id not in generic or not f.evidence or f.evidence[0] not in specific]
 
 
 class Analyzer:
@@ -60,6 +69,7 @@ class Analyzer:
         self.rules = tuple(rules)
         # A folded multi-line event (an AER dump, a traceback) is one signal and must be one finding.
         self.one_finding_per_signal = one_finding_per_signal
+        self._generic = frozenset(r.id for r in self.rules if r.generic)
         # Metric and alert rules keep per-series state: the caller owns it, so it outlives a rebuild.
         # A compiled matcher without that state can be shared by analyzers of many small bundles.
         self.matcher = matcher or FastMatcher(self.rules, backend=backend, signals=signals)
@@ -96,7 +106,9 @@ class Analyzer:
         if self.context.active:
             found = self.context.filter(signals, found)
         if self.one_finding_per_signal and len(found) > 1:
-            found = strongest_per_signal(found)
+            found = strongest_per_signal(found, self._generic)
+        elif self._generic and len(found) > 1:
+            found = drop_shadowed_generic(found, self._generic)
         if self.detectors is not None and found:
             self.detectors.observe_findings(found)
         return found + self.escalator.observe_all(found)
@@ -126,7 +138,9 @@ class Analyzer:
         if self.context.active:
             found = self.context.filter(signals, found)
         if self.one_finding_per_signal and len(found) > 1:
-            found = strongest_per_signal(found)
+            found = strongest_per_signal(found, self._generic)
+        elif self._generic and len(found) > 1:
+            found = drop_shadowed_generic(found, self._generic)
         newest = max(map(_TS, signals)) if signals else 0.0
         progress = self.detectors.extractor.extract(signals) if self.detectors is not None else []
         return BatchDigest(tuple(found), tuple(sorted(_placements(signals))), newest, tuple(progress),

@@ -188,6 +188,7 @@ class RuleSpec(BaseModel):
     examples: tuple[str, ...] = Field(min_length=1)
     counter_examples: tuple[str, ...] = ()
     references: tuple[str, ...] = Field(min_length=1)
+    generic: bool = False
 
     @field_validator("references")
     @classmethod
@@ -237,6 +238,8 @@ class Rule:
     """Where the examples come from."""
     benign_when: BenignContext | None = None
     """Context on the same node that makes a finding of this rule benign (it is then dropped)."""
+    generic: bool = False
+    """A catch-all (any ``ValueError``): a specific rule matching the same event names the cause instead."""
 
     def applies_to(self, source: str) -> bool:
         """Whether the rule looks at lines of this signal source."""
@@ -356,7 +359,7 @@ def _build(path: str, pack: str, spec: RuleSpec) -> Rule:
         action_from=_action_map(path, spec, regex), decoder=_decoder(path, spec, regex),
         fields=tuple(sorted(spec.fields.items())), examples=tuple(examples),
         counter_examples=tuple(counter), references=spec.references,
-        benign_when=_benign_context(path, spec),
+        benign_when=_benign_context(path, spec), generic=spec.generic,
     )
 
 

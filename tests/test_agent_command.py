@@ -54,7 +54,8 @@ def test_build_agent_wires_the_sources_it_can_use(tmp_path: Path) -> None:
     # The prefilter from the shipped rules keeps the fault lines and drops the rest.
     assert len(polled["container"].signals) == 1
     assert [s.text for s in polled["kernel"].signals] == [
-        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."]
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+        "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."]
     assert polled["ib"].signals
 
 
