@@ -21,6 +21,9 @@ TARGET_S = 60.0
 """Launch to the hang: the first look's threshold (30 s) and the time it takes to ship and judge two looks."""
 LOAD_S = 50.0
 """How long the healthy job's rank 0 decodes records before its first step."""
+WATCH_S = 70.0
+"""How long the silent slow job is watched: its first look's threshold (30 s) and three more looks."""
+"""How long the healthy job's rank 0 decodes records before its first step."""
 
 
 @pytest.fixture
@@ -80,4 +83,24 @@ def test_a_rank_busy_loading_data_before_the_first_step_is_no_hang(kmend: Kmend)
     assert all("step 100 " in text for text in logged)
     print(f"healthy job with a {LOAD_S:.0f} s load before its first step ran {time.time() - begun:.1f} s")
     assert time.time() - begun >= LOAD_S
+    assert _of(incs, "hang") == [], incs
+
+
+@pytest.mark.timeout(150)
+def test_a_silent_lightning_job_with_a_rank_that_sleeps_every_step_is_no_hang(kmend: Kmend) -> None:
+    """Lightning's default bar draws nothing in a pod without a terminal, so the job prints no progress at all; its
+    rank 1 sleeps 0.1 s before every forward pass, using a few per cent of a CPU, and is often seen in that sleep at
+    two looks in a row while rank 0 waits for it in the all-reduce. The job runs: no hang."""
+    fault = {"KMEND_FAULT": "slow_forward", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5",
+             "KMEND_FAULT_SLOW_S": "0.1"}
+    job = Job(kmend.pods, "lit-quiet", "lightning_trainer.py", steps=100_000, world=2, fault=fault)
+    try:
+        time.sleep(WATCH_S)
+        incs = kmend.incidents()
+        logged = [p.text() for p in job.pods]
+        alive = all(p.proc.poll() is None for p in job.pods)
+    finally:
+        job.stop()
+    assert alive, job.output()
+    assert not any("Epoch 0" in text for text in logged)  # nothing of the bar reached the log
     assert _of(incs, "hang") == [], incs

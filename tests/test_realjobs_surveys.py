@@ -1,7 +1,7 @@
 """Stragglers that the step lines cannot show, named from the agent's stack surveys, in real jobs (gloo, CPU, one pod
 per rank as CRI files, `kmend agent` and `kmend serve` as processes, the agent's default settings): a plain DDP rank
-slow before its all-reduce (every rank logs each step at the same moment) and a Hugging Face Trainer's slow rank 1
-(only rank 0 prints progress at all); and a Trainer's rank 1 held back from outside (stopped and continued by another
+slow before its all-reduce (every rank logs each step at the same moment), a Hugging Face Trainer's slow rank 1
+(only rank 0 prints progress at all) and a Lightning Trainer's; and a Trainer's rank 1 held back from outside (stopped and continued by another
 process: the same code as its peer, only less of the time), named from the scheduler's view the surveys carry."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.realjob import NODE, Job, Kmend, running_kmend
+from tests.test_realjobs import RICH_IN_POD
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.realjob, pytest.mark.timeout(150)]
@@ -64,6 +65,20 @@ def test_a_hugging_face_trainers_slow_rank_1_is_named_though_only_rank_0_prints(
     finally:
         job.stop()
     fields = _named_from_stacks(incs, 1, "gpt2-slow")
+    assert float(fields["peers_collective_share"]) >= 0.5, fields  # rank 0 waits for it
+
+
+def test_a_lightning_trainers_slow_rank_1_is_named_from_the_stack_surveys(kmend: Kmend) -> None:
+    # The unmodified Lightning loop: rank 1 sleeps before each forward pass, so rank 0 waits for it in the gradient
+    # all-reduce and both finish each step together; Lightning's bar (drawn in the log: RICH_IN_POD) shows one pace.
+    fault = {"KMEND_FAULT": "slow_forward", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5",
+             "KMEND_FAULT_SLOW_S": "0.1"}
+    job = Job(kmend.pods, "lit-slow", "lightning_trainer.py", steps=100_000, world=2, fault=fault, env=RICH_IN_POD)
+    try:
+        incs = kmend.wait_for(lambda i: any(x["fault_class"] == "straggler" for x in i), 90)
+    finally:
+        job.stop()
+    fields = _named_from_stacks(incs, 1, "lit-slow")
     assert float(fields["peers_collective_share"]) >= 0.5, fields  # rank 0 waits for it
 
 

@@ -40,7 +40,7 @@ LOOP_CALLS = 3
 """Frames a wait or poll loop's body may call below the loop's own function (``work.is_completed()``, a store's
 key check, a sleep helper) and still be that loop: a training step's frames run far deeper (modules, autograd)."""
 
-IDLE_CPU_FRACTION = 0.05
+IDLE_CPU_FRACTION = 0.01
 """A rank that used less than this share of one CPU between two looks ran no code in between (a blocked process's
 helper threads wake now and then); one that used more is busy."""
 MIN_APART_S = 2.0
