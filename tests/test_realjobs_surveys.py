@@ -1,8 +1,9 @@
 """Stragglers that the step lines cannot show, named from the agent's stack surveys, in real jobs (gloo, CPU, one pod
 per rank as CRI files, `kmend agent` and `kmend serve` as processes, the agent's default settings): a plain DDP rank
 slow before its all-reduce (every rank logs each step at the same moment), a Hugging Face Trainer's slow rank 1
-(only rank 0 prints progress at all) and a Lightning Trainer's; and a Trainer's rank 1 held back from outside (stopped and continued by another
-process: the same code as its peer, only less of the time), named from the scheduler's view the surveys carry."""
+(only rank 0 prints progress at all) and a Lightning Trainer's; and a Trainer's rank 1 held back from outside
+(stopped and continued by another process: the same code as its peer, only less of the time), named from the
+scheduler's view the surveys carry."""
 
 from __future__ import annotations
 
