@@ -153,8 +153,9 @@ class ObjectRoutes:
         meta = pod["metadata"]
         want = (preconditions or {}).get("uid")
         if want and want != meta["uid"]:
-            return status(409, "Conflict", f"Precondition failed: UID in precondition: {want}, "
-                                           f"UID in object meta: {meta['uid']}")
+            return status(409, "Conflict", f'Operation cannot be fulfilled on Pod "{meta["name"]}": the UID in the '
+                                           f"precondition ({want}) does not match the UID in record "
+                                           f"({meta['uid']}). The object might have been deleted and then recreated")
         finished = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
         if not pod["spec"].get("nodeName") or finished or grace == 0:
             if self.pods.pop((meta["namespace"], meta["name"]), None) is not None:
