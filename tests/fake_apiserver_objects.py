@@ -260,6 +260,11 @@ class ObjectRoutes:
             patched = {**copy.deepcopy(body), "metadata": {**obj["metadata"], **body.get("metadata", {})}}
         else:
             return status(405, "MethodNotAllowed", method)
+        # Their status has a subresource of its own: a write of the object itself leaves it as it was (v1.36
+        # answers 200 and drops the body's status silently).
+        patched.pop("status", None)
+        if "status" in obj:
+            patched["status"] = copy.deepcopy(obj["status"])
         patched["metadata"]["resourceVersion"] = self.next_rv()
         store[(ns, name)] = patched
         return 200, copy.deepcopy(patched)

@@ -414,3 +414,26 @@ def test_a_role_rule_with_resource_names_grants_only_those_objects() -> None:
             assert json.loads(err.value.body)["message"] == (
                 f'{what} is forbidden: User "{user}" cannot {verb} resource "leases" in API group '
                 f'"coordination.k8s.io" {scope}')
+
+
+def test_status_in_a_write_of_a_custom_resource_or_job_itself_is_dropped(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    """Custom resources with a status subresource and Jobs: v1.36 answers 200 to a merge patch of the object that
+    names ``status``, keeps the other fields and leaves the status as the controller wrote it."""
+    server, _ = core
+    server.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+    server.add_object("kubeflow.org", "v1", "pytorchjobs", "team-a", {"metadata": {"name": "llama"}})
+    server.set_status("kubeflow.org", "v1", "pytorchjobs", "team-a", "llama", {"replicaStatuses": {}})
+    server.add_object("batch", "v1", "jobs", "team-a", {"metadata": {"name": "check"}, "spec": {"template": {
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}})
+    for path, plural, name in (("/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs/llama", "pytorchjobs", "llama"),
+                               ("/apis/batch/v1/namespaces/team-a/jobs/check", "jobs", "check")):
+        group = "kubeflow.org" if plural == "pytorchjobs" else "batch"
+        version = "v1"
+        before = (server.object(group, version, plural, "team-a", name) or {}).get("status")
+        code, out, _ = _raw(server, "PATCH", path, {"metadata": {"annotations": {"kmend.io/x": "y"}},
+                                                    "status": {"succeeded": 1}}, "application/merge-patch+json",
+                            strict=False)
+        assert code == 200, out
+        stored = server.object(group, version, plural, "team-a", name) or {}
+        assert stored["metadata"]["annotations"]["kmend.io/x"] == "y" and stored.get("status") == before, stored
