@@ -419,7 +419,7 @@ class FakeApiServer:
         if method == "PUT":
             if not body["metadata"].get("resourceVersion"):  # an update is never unconditional: 422, not a conflict
                 return self._status(422, "Invalid", f'leases.coordination.k8s.io "{name}" is invalid: '
-                                                    "metadata.resourceVersion: Invalid value: 0x0: must be specified "
+                                                    "metadata.resourceVersion: Invalid value: 0: must be specified "
                                                     "for an update")
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                 return self._status(409, "Conflict", f'Operation cannot be fulfilled on leases.coordination.k8s.io '

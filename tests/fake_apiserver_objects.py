@@ -153,8 +153,9 @@ class ObjectRoutes:
         meta = pod["metadata"]
         want = (preconditions or {}).get("uid")
         if want and want != meta["uid"]:
-            return status(409, "Conflict", f"Precondition failed: UID in precondition: {want}, "
-                                           f"UID in object meta: {meta['uid']}")
+            return status(409, "Conflict", f'Operation cannot be fulfilled on Pod "{meta["name"]}": the UID in the '
+                                           f"precondition ({want}) does not match the UID in record "
+                                           f"({meta['uid']}). The object might have been deleted and then recreated")
         finished = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
         if not pod["spec"].get("nodeName") or finished or grace == 0:
             if self.pods.pop((meta["namespace"], meta["name"]), None) is not None:
@@ -259,6 +260,11 @@ class ObjectRoutes:
             patched = {**copy.deepcopy(body), "metadata": {**obj["metadata"], **body.get("metadata", {})}}
         else:
             return status(405, "MethodNotAllowed", method)
+        # Their status has a subresource of its own: a write of the object itself leaves it as it was (v1.36
+        # answers 200 and drops the body's status silently).
+        patched.pop("status", None)
+        if "status" in obj:
+            patched["status"] = copy.deepcopy(obj["status"])
         patched["metadata"]["resourceVersion"] = self.next_rv()
         store[(ns, name)] = patched
         return 200, copy.deepcopy(patched)

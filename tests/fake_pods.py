@@ -123,8 +123,10 @@ def pod_routes(server: FakeApiServer, method: str, path: str, body: Any, ctype: 
         if not m.group(3) and method == "DELETE":
             want = ((body or {}).get("preconditions") or {}).get("uid")
             if want and want != pod["metadata"]["uid"]:
-                return _status(409, "Conflict", f"Precondition failed: UID in precondition: {want}, "
-                                                f"UID in object meta: {pod['metadata']['uid']}")
+                return _status(409, "Conflict", f'Operation cannot be fulfilled on Pod "{key[1]}": the UID in the '
+                                                f"precondition ({want}) does not match the UID in record "
+                                                f"({pod['metadata']['uid']}). The object might have been deleted "
+                                                "and then recreated")
             if pod["spec"].get("nodeName") and pod["status"].get("phase") not in ("Succeeded", "Failed"):
                 # A kubelet must stop it first: the object stays, terminating, with its resources.
                 pod["metadata"].setdefault("deletionTimestamp", _now())

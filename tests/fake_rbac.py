@@ -39,12 +39,16 @@ class RoleRules:
                 namespaced.setdefault(d["metadata"]["namespace"], []).extend(d["rules"])
         return cls(cr["rules"], token=token, user=user, namespaced=namespaced)
 
-    def allows(self, group: str, resource: str, verb: str, namespace: str | None = None) -> bool:
-        """Whether some rule grants the verb on the resource (in `namespace`, for a namespaced request)."""
+    def allows(self, group: str, resource: str, verb: str, namespace: str | None = None, name: str = "") -> bool:
+        """Whether some rule grants the verb on the resource (in `namespace`, for a namespaced request).
+
+        A rule with ``resourceNames`` grants only requests that name one of those objects: never a list, a
+        watch or a create of a new object (such a request names none), as kube-apiserver's RBAC authorizer."""
         rules = self.rules + (self.namespaced.get(namespace, []) if namespace else [])
         return any((group in r.get("apiGroups", []) or "*" in r.get("apiGroups", []))
                    and (resource in r.get("resources", []) or "*" in r.get("resources", []))
-                   and (verb in r.get("verbs", []) or "*" in r.get("verbs", [])) for r in rules)
+                   and (verb in r.get("verbs", []) or "*" in r.get("verbs", []))
+                   and (not r.get("resourceNames") or name in r["resourceNames"]) for r in rules)
 
     def refuse(self, authorization: str | None, method: str, path: str) -> tuple[int, dict[str, Any]] | None:
         """401 without the token, 403 (with the real server's message) for what the role does not grant."""
@@ -53,10 +57,21 @@ class RoleRules:
         v = rbac_verb(method, path)
         parts = path.strip("/").split("/")
         namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-1] else None
-        if v is None or self.allows(*v, namespace=namespace):
+        name = _object_name(parts)
+        if v is None or self.allows(*v, namespace=namespace, name=name):
             return None
         group, resource, verb = v
         scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
-        base = resource.split("/")[0]
-        return _status(403, "Forbidden", f'{base} is forbidden: User "{self.user}" cannot {verb} resource '
+        # As the server words it: `leases.coordination.k8s.io "kmend-healer" is forbidden`, `nodes is forbidden`.
+        what = resource.split("/")[0] + (f".{group}" if group else "") + (f' "{name}"' if name else "")
+        return _status(403, "Forbidden", f'{what} is forbidden: User "{self.user}" cannot {verb} resource '
                                          f'"{resource}" in API group "{group}" {scope}')
+
+
+def _object_name(parts: list[str]) -> str:
+    """The object a request names (a get, update, patch or delete of it, or a subresource of it); "" for a
+    request on a whole collection (a list, a watch, a create)."""
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]  # after /api/v1 or /apis/<group>/<version>
+    if len(rest) > 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    return rest[1] if len(rest) > 1 else ""

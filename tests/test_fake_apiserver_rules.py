@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.fake_apiserver import FakeApiServer
+from tests.fake_apiserver import FakeApiServer, RoleRules
 
 
 @pytest.fixture
@@ -288,7 +288,15 @@ def test_unknown_field_in_other_objects_kmend_writes_is_refused_when_strict(
      '"OnFailure", "Never"'),
     ("POST", "/apis/batch/v1/namespaces/kmend-system/jobs", {"metadata": {"name": "k" * 64}, "spec": {
         "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}, 422,
-     f'spec.template.labels: Invalid value: "{"k" * 64}": must be no more than 63 characters'),
+     f'spec.template.labels: Invalid value: "{"k" * 64}": must be no more than 63 bytes'),
+    # v1.36 words a length error on its own, before (and beside) a character error.
+    ("PATCH", "/api/v1/nodes/gpu-1", {"metadata": {"labels": {"kmend.io/spare-for": "j" * 64}}}, 422,
+     f'Node "gpu-1" is invalid: metadata.labels: Invalid value: "{"j" * 64}": must be no more than 63 bytes'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"spec": {"taints": [{"key": "kmend.io/fault", "value": "v" * 64,
+                                                            "effect": "NoSchedule"}]}}, 422,
+     f'metadata.taints[0].value: Invalid value: "{"v" * 64}": must be no more than 63 bytes'),
+    ("PATCH", "/api/v1/nodes/gpu-1", {"metadata": {"labels": {f"kmend.io/{'n' * 64}": "x"}}}, 422,
+     f'metadata.labels: Invalid value: "kmend.io/{"n" * 64}": name part must be no more than 63 bytes'),
 ])
 def test_the_servers_own_validation_of_what_kmend_writes(
         core: tuple[FakeApiServer, client.CoreV1Api], method: str, path: str, body: dict[str, object], code: int,
@@ -323,9 +331,9 @@ def test_binding_a_pod_with_scheduling_gates_is_409(core: tuple[FakeApiServer, c
 
 def test_a_lease_update_without_its_resource_version_or_naming_another_lease_is_refused(
         core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
-    """As kube-apiserver v1.24 answers (checked by hand): an update is never unconditional (422 naming
-    metadata.resourceVersion, not a 409 a client would read as a lost election), and a body naming another
-    lease is a bad request before the lease is looked up; neither changes the lease."""
+    """As kube-apiserver v1.24 and v1.36 answer (checked by hand; the wording is v1.36's): an update is never
+    unconditional (422 naming metadata.resourceVersion, not a 409 a client would read as a lost election), and a
+    body naming another lease is a bad request before the lease is looked up; neither changes the lease."""
     server, _ = core
     where = "/apis/coordination.k8s.io/v1/namespaces/kmend-system/leases"
     code, lease, _ = _raw(server, "POST", where, {"metadata": {"name": "kmend"}, "spec": {"holderIdentity": "a"}},
@@ -333,7 +341,7 @@ def test_a_lease_update_without_its_resource_version_or_naming_another_lease_is_
     assert code == 201
     code, out, _ = _raw(server, "PUT", f"{where}/kmend", {"metadata": {"name": "kmend"},
                                                           "spec": {"holderIdentity": "b"}}, "application/json")
-    assert code == 422 and "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update" in \
+    assert code == 422 and "metadata.resourceVersion: Invalid value: 0: must be specified for an update" in \
         out["message"], out
     renamed = {"metadata": {**lease["metadata"], "name": "other"}, "spec": {"holderIdentity": "b"}}
     for target in ("kmend", "missing"):
@@ -344,3 +352,88 @@ def test_a_lease_update_without_its_resource_version_or_naming_another_lease_is_
     code, _, _ = _raw(server, "PUT", f"{where}/kmend", {"metadata": lease["metadata"],
                                                         "spec": {"holderIdentity": "b"}}, "application/json")
     assert code == 200 and server.leases[("kmend-system", "kmend")]["spec"] == {"holderIdentity": "b"}
+
+
+def test_a_strategic_merge_patch_of_a_custom_resource_is_415(core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    """Custom resources have no strategic-merge schema: v1.36 refuses the patch type (PodGroups, PyTorchJobs
+    alike) and changes nothing; a merge patch of the same body goes through."""
+    server, _ = core
+    server.install_crd("scheduling.x-k8s.io", "v1alpha1")
+    server.add_custom("scheduling.x-k8s.io", "v1alpha1", "team-a", "llama", {"minMember": 4})
+    server.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+    server.add_object("kubeflow.org", "v1", "pytorchjobs", "team-a", {"metadata": {"name": "llama"}})
+    body = {"metadata": {"annotations": {"kmend.io/resume-from": "step-100"}}}
+    for path in ("/apis/scheduling.x-k8s.io/v1alpha1/namespaces/team-a/podgroups/llama",
+                 "/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs/llama"):
+        code, out, _ = _raw(server, "PATCH", path, body, "application/strategic-merge-patch+json", strict=False)
+        assert code == 415 and out["message"] == (
+            "the body of the request was in an unknown format - accepted media types include: "
+            "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"), out
+        code, out, _ = _raw(server, "PATCH", path, body, "application/merge-patch+json", strict=False)
+        assert code == 200 and out["metadata"]["annotations"]["kmend.io/resume-from"] == "step-100", out
+
+
+def test_deleting_a_pod_with_another_uid_is_409_as_the_server_words_it(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    server, api = core
+    uid = server.add_pod("team-a", "w-0", node="gpu-1", phase="Running")["metadata"]["uid"]
+    server.add_pod("team-a", "w-1")
+    for name, record in (("w-0", uid), ("w-1", server.pods[("team-a", "w-1")]["metadata"]["uid"])):
+        with pytest.raises(ApiException) as err:
+            api.delete_namespaced_pod(name, "team-a", body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid="other")))
+        assert err.value.status == 409
+        assert json.loads(err.value.body)["message"] == (
+            f'Operation cannot be fulfilled on Pod "{name}": the UID in the precondition (other) does not match the '
+            f"UID in record ({record}). The object might have been deleted and then recreated")
+    assert set(server.pods) >= {("team-a", "w-0"), ("team-a", "w-1")}
+
+
+def test_a_role_rule_with_resource_names_grants_only_those_objects() -> None:
+    """kube-apiserver's RBAC: ``resourceNames`` limit a rule to requests naming those objects, so it never grants a
+    list, a watch or a create; the 403 names the group and the object as v1.36 does."""
+    user = "system:serviceaccount:kmend-system:kmend"
+    rbac = RoleRules([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                       "resourceNames": ["kmend-healer"], "verbs": ["get", "update"]}], token="t", user=user)
+    with FakeApiServer(rbac=rbac) as server:
+        api = client.CoordinationV1Api(client.ApiClient(client.Configuration(
+            host=server.url, api_key={"authorization": "Bearer t"})))
+        with pytest.raises(ApiException) as err:  # allowed by RBAC: the lease does not exist yet
+            api.read_namespaced_lease("kmend-healer", "kmend-system")
+        assert err.value.status == 404
+        for call, args, verb, what, scope in (
+                (api.read_namespaced_lease, ("kube-scheduler", "kube-system"), "get",
+                 'leases.coordination.k8s.io "kube-scheduler"', 'in the namespace "kube-system"'),
+                (api.list_namespaced_lease, ("kmend-system",), "list", "leases.coordination.k8s.io",
+                 'in the namespace "kmend-system"'),
+                (api.create_namespaced_lease, ("kmend-system", {"metadata": {"name": "kmend-healer"}}), "create",
+                 "leases.coordination.k8s.io", 'in the namespace "kmend-system"')):
+            with pytest.raises(ApiException) as err:
+                call(*args)
+            assert err.value.status == 403
+            assert json.loads(err.value.body)["message"] == (
+                f'{what} is forbidden: User "{user}" cannot {verb} resource "leases" in API group '
+                f'"coordination.k8s.io" {scope}')
+
+
+def test_status_in_a_write_of_a_custom_resource_or_job_itself_is_dropped(
+        core: tuple[FakeApiServer, client.CoreV1Api]) -> None:
+    """Custom resources with a status subresource and Jobs: v1.36 answers 200 to a merge patch of the object that
+    names ``status``, keeps the other fields and leaves the status as the controller wrote it."""
+    server, _ = core
+    server.install_kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+    server.add_object("kubeflow.org", "v1", "pytorchjobs", "team-a", {"metadata": {"name": "llama"}})
+    server.set_status("kubeflow.org", "v1", "pytorchjobs", "team-a", "llama", {"replicaStatuses": {}})
+    server.add_object("batch", "v1", "jobs", "team-a", {"metadata": {"name": "check"}, "spec": {"template": {
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}})
+    for path, plural, name in (("/apis/kubeflow.org/v1/namespaces/team-a/pytorchjobs/llama", "pytorchjobs", "llama"),
+                               ("/apis/batch/v1/namespaces/team-a/jobs/check", "jobs", "check")):
+        group = "kubeflow.org" if plural == "pytorchjobs" else "batch"
+        version = "v1"
+        before = (server.object(group, version, plural, "team-a", name) or {}).get("status")
+        code, out, _ = _raw(server, "PATCH", path, {"metadata": {"annotations": {"kmend.io/x": "y"}},
+                                                    "status": {"succeeded": 1}}, "application/merge-patch+json",
+                            strict=False)
+        assert code == 200, out
+        stored = server.object(group, version, plural, "team-a", name) or {}
+        assert stored["metadata"]["annotations"]["kmend.io/x"] == "y" and stored.get("status") == before, stored

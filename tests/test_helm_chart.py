@@ -78,7 +78,7 @@ def test_default_install_has_every_part() -> None:
     objs = _objects()
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objs}
     assert kinds >= {("Deployment", "kmend"), ("DaemonSet", "kmend-agent"), ("Service", "kmend"),
-                     ("ClusterRole", "kmend"), ("Role", "kmend"), ("ClusterRole", "kmend-agent"),
+                     ("ClusterRole", "kmend"), ("ClusterRole", "kmend-agent"),
                      ("NetworkPolicy", "kmend"), ("NetworkPolicy", "kmend-agent"),
                      ("ConfigMap", "kmend-health-check"), ("ConfigMap", "kmend-grafana-dashboard"),
                      ("PersistentVolumeClaim", "kmend-data"), ("Secret", "kmend-ingest"),

@@ -219,10 +219,10 @@ def _until_done(rounds: Iterator[StepOutcome]) -> Iterator[StepOutcome]:
 
 
 def _granted() -> set[tuple[str, str, str]]:
-    # The ClusterRole and the Role (in kmend's namespace) bound to the control plane's ServiceAccount.
+    # The ClusterRole bound to the control plane's ServiceAccount: the only role it needs (its Lease included).
     docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
     roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role") and d["metadata"]["name"] == "kmend"]
-    assert {r["kind"] for r in roles} == {"ClusterRole", "Role"}
+    assert [r["kind"] for r in roles] == ["ClusterRole"]
     return {(g, r, v) for role in roles for rule in role["rules"] for g in rule["apiGroups"]
             for r in rule["resources"] for v in rule["verbs"]}
 

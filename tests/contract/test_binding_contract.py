@@ -58,6 +58,8 @@ def _kube(path: str) -> Iterator[tuple[PodScheduling, Make, str]]:
         yield port, make, node
     finally:
         port.close()
+        for pod in core.list_namespaced_pod(namespace).items:  # a bare server runs no namespace controller
+            core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
         core.delete_namespace(namespace)
         core.delete_node(node)
 
