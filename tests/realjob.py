@@ -293,3 +293,8 @@ def running_kmend(tmp: Path, env: dict[str, str] | None = None, nodes: tuple[str
         for agent in agents_list:
             agent.stop()
         service.stop()
+
+
+def of_class(incidents: list[dict[str, Any]], fault_class: str) -> list[dict[str, Any]]:
+    """The incidents of one fault class."""
+    return [i for i in incidents if i["fault_class"] == fault_class]

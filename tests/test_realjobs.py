@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.realjob import NODE, Job, Kmend, running_kmend
+from tests.realjob import NODE, Job, Kmend, of_class, running_kmend
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.realjob, pytest.mark.timeout(150)]
@@ -25,10 +25,6 @@ HANG_TARGET_S = 15.0
 def kmend(tmp_path: Path) -> Iterator[Kmend]:
     with running_kmend(tmp_path) as k:
         yield k
-
-
-def _of(incidents: list[dict[str, Any]], fault_class: str) -> list[dict[str, Any]]:
-    return [i for i in incidents if i["fault_class"] == fault_class]
 
 
 def _last_progress(job: Job, needle: str) -> float:
@@ -72,20 +68,20 @@ def test_plain_ddp_slowed_rank_is_named_a_straggler(kmend: Kmend) -> None:
     fault = {"KMEND_FAULT": "slow", "KMEND_FAULT_RANK": "2", "KMEND_FAULT_AFTER": "5", "KMEND_FAULT_SLOW_S": "0.15"}
     job = Job(kmend.pods, "ddp-slow", "plain_ddp.py", steps=80, world=4, fault=fault)
     try:
-        incs = kmend.wait_for(lambda i: bool(_of(i, "straggler")), 100, job)
+        incs = kmend.wait_for(lambda i: bool(of_class(i, "straggler")), 100, job)
     finally:
         job.stop()
-    [inc] = _of(incs, "straggler")
+    [inc] = of_class(incs, "straggler")
     assert (inc["root_cause"]["rank"], inc["root_cause"]["node"], inc["root_cause"]["job"]) == (2, NODE, "ddp-slow")
     [f] = [f for f in inc["findings"] if f["fault_class"] == "straggler"]
     assert f["fields"]["basis"] == "arrival_lag"
     assert int(f["fields"]["step"]) - 5 <= 30, f["fields"]  # named within 30 steps of the slowdown
-    assert _of(incs, "hang") == []
+    assert of_class(incs, "hang") == []
 
 
 def _hang_with_stacks(incidents: list[dict[str, Any]]) -> bool:
     """A hang incident with the ranks' stacks in it: they follow the hang call by a poll or two."""
-    return any(f["rule_id"] == "stack-dump" for i in _of(incidents, "hang") for f in i["findings"])
+    return any(f["rule_id"] == "stack-dump" for i in of_class(incidents, "hang") for f in i["findings"])
 
 
 def _assert_stopped_rank_named(hang: dict[str, Any], rank: int) -> None:
@@ -108,7 +104,7 @@ def test_plain_ddp_blocked_rank_is_a_hang_named_within_the_target(kmend: Kmend) 
         last = _last_progress(job, " stdout F step ")
     finally:
         job.stop()
-    [hang] = _of(incs, "hang")
+    [hang] = of_class(incs, "hang")
     assert hang["root_cause"]["job"] == "ddp-named"
     _assert_stopped_rank_named(hang, 1)
     assert found - last <= HANG_TARGET_S + 1.0, found - last
@@ -125,7 +121,7 @@ def test_plain_ddp_crash_is_an_application_incident_on_that_rank(kmend: Kmend) -
         incs = kmend.incidents()
     finally:
         job.stop()
-    apps = _of(incs, "app_error")
+    apps = of_class(incs, "app_error")
     assert apps, [(i["fault_class"], i["root_cause"]) for i in incs]
     assert {a["root_cause"]["rank"] for a in apps} == {1}
     assert all(not a["hardware"] and a["recommended_action"] == "fix_application" for a in apps)
@@ -171,7 +167,7 @@ def test_hf_trainer_rank_with_a_stalled_data_loader_is_slow_not_hung(kmend: Kmen
     with sqlite3.connect(kmend.db) as conn:
         asked = conn.execute("SELECT count(*) FROM node_requests WHERE kind = 'stack_dump'").fetchone()[0]
     assert asked >= 1
-    assert _of(kmend.incidents(), "hang") == []
+    assert of_class(kmend.incidents(), "hang") == []
 
 
 def test_hf_trainer_blocked_rank_is_a_hang_named_within_the_target(kmend: Kmend) -> None:
@@ -184,7 +180,7 @@ def test_hf_trainer_blocked_rank_is_a_hang_named_within_the_target(kmend: Kmend)
         last = _last_progress(job, "'loss': ")
     finally:
         job.stop()
-    [hang] = _of(incs, "hang")
+    [hang] = of_class(incs, "hang")
     assert hang["root_cause"]["job"] == "gpt2-named"
     _assert_stopped_rank_named(hang, 1)
     assert found - last <= HANG_TARGET_S + 1.0, found - last
@@ -212,11 +208,11 @@ def test_lightning_blocked_rank_is_a_hang(kmend: Kmend) -> None:
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "40"}
     job = Job(kmend.pods, "pl-hang", "lightning_trainer.py", steps=100_000, world=2, fault=fault, env=RICH_IN_POD)
     try:
-        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 100)
+        incs = kmend.wait_for(lambda i: bool(of_class(i, "hang")), 100)
         found = time.time()
         last = _last_progress(job, "Epoch 0/")
     finally:
         job.stop()
-    [hang] = _of(incs, "hang")
+    [hang] = of_class(incs, "hang")
     assert hang["root_cause"]["job"] == "pl-hang"
     assert found - last <= HANG_TARGET_S + 1.0, found - last

@@ -8,11 +8,10 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.realjob import Job, Kmend, running_kmend
+from tests.realjob import Job, Kmend, of_class, running_kmend
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.realjob, pytest.mark.timeout(180)]
@@ -27,10 +26,6 @@ LOGGING = ("10",)
 def kmend(tmp_path: Path) -> Iterator[Kmend]:
     with running_kmend(tmp_path) as k:
         yield k
-
-
-def _of(incidents: list[dict[str, Any]], fault_class: str) -> list[dict[str, Any]]:
-    return [i for i in incidents if i["fault_class"] == fault_class]
 
 
 def _last_progress(job: Job) -> tuple[int, int, float]:
@@ -70,15 +65,15 @@ def test_hf_trainer_logging_every_10_steps_blocked_rank_is_a_hang_within_the_tar
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "1500"}
     job = Job(kmend.pods, "gpt2-log10-hang", "hf_trainer.py", steps=100_000, world=2, fault=fault, args=LOGGING)
     try:
-        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 120)
+        incs = kmend.wait_for(lambda i: bool(of_class(i, "hang")), 120)
         found = time.time()
         _, dicts, last = _last_progress(job)
     finally:
         job.stop()
-    [hang] = _of(incs, "hang")
+    [hang] = of_class(incs, "hang")
     assert hang["root_cause"]["job"] == "gpt2-log10-hang" and dicts >= 140
     assert found - last <= HANG_TARGET_S + 1.0, found - last
-    assert _of(incs, "straggler") == []
+    assert of_class(incs, "straggler") == []
 
 
 @pytest.mark.timeout(120)
@@ -89,15 +84,15 @@ def test_hf_trainer_stopped_before_its_third_loss_dict_is_a_hang_within_the_targ
     fault = {"KMEND_FAULT": "stop", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": str(after)}
     job = Job(kmend.pods, f"gpt2-early{after}", "hf_trainer.py", steps=100_000, world=2, fault=fault, args=LOGGING)
     try:
-        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 90)
+        incs = kmend.wait_for(lambda i: bool(of_class(i, "hang")), 90)
         found = time.time()
         _, dicts, last = _last_progress(job)
     finally:
         job.stop()
-    hangs = _of(incs, "hang")
+    hangs = of_class(incs, "hang")
     assert hangs, job.output()
     assert hangs[0]["root_cause"]["job"] == f"gpt2-early{after}" and dicts == after // 10
     called = [f["fields"] for f in hangs[0].get("findings", []) if f.get("rule_id") == "hang-detector"]
     print(f"hang after {dicts} loss dict(s): incident {found - last:.1f} s after the last one; called {called}")
     assert found - last <= HANG_TARGET_S + 1.0, found - last
-    assert _of(incs, "straggler") == []
+    assert of_class(incs, "straggler") == []

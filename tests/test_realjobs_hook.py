@@ -7,11 +7,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.realjob import NAMESPACE, NODE, Job, Kmend, running_kmend
+from tests.realjob import NAMESPACE, NODE, Job, Kmend, of_class, running_kmend
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.realjob, pytest.mark.timeout(150)]
@@ -35,27 +34,23 @@ def _env(progress: Path) -> dict[str, str]:
     return {"KMEND_PROGRESS_DIR": str(progress), "POD_NAMESPACE": NAMESPACE}
 
 
-def _of(incidents: list[dict[str, Any]], fault_class: str) -> list[dict[str, Any]]:
-    return [i for i in incidents if i["fault_class"] == fault_class]
-
-
 def test_hook_ddp_slowed_rank_is_named_within_30_steps(kmend: Kmend, progress: Path) -> None:
     # Rank 2 sleeps 0.15 s after each optimizer step from step 6 on: every step waits for it in the all-reduce, so
     # every rank's step time is the same; only its reports come later than its peers'.
     fault = {"KMEND_FAULT": "slow", "KMEND_FAULT_RANK": "2", "KMEND_FAULT_AFTER": "5", "KMEND_FAULT_SLOW_S": "0.15"}
     job = Job(kmend.pods, "hook-slow", "hook_ddp.py", steps=200, world=4, fault=fault, env=_env(progress))
     try:
-        incs = kmend.wait_for(lambda i: bool(_of(i, "straggler")), 100, job)
+        incs = kmend.wait_for(lambda i: bool(of_class(i, "straggler")), 100, job)
     finally:
         job.stop()
     assert kmend.stored_lines("step ") == [] and kmend.progress_received() >= 4
-    [inc] = _of(incs, "straggler")
+    [inc] = of_class(incs, "straggler")
     assert (inc["root_cause"]["rank"], inc["root_cause"]["node"], inc["root_cause"]["job"]) == \
         (2, NODE, "hook-slow"), inc["root_cause"]
     [f] = [f for f in inc["findings"] if f["fault_class"] == "straggler"]
     assert f["fields"]["basis"] == "arrival_lag", f["fields"]
     assert int(f["fields"]["step"]) - 5 <= 30, f["fields"]  # named within 30 steps of the slowdown
-    assert _of(incs, "hang") == []
+    assert of_class(incs, "hang") == []
 
 
 def test_hook_ddp_healthy_run_that_finishes_raises_nothing(kmend: Kmend, progress: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.realjob import Job, Kmend, running_kmend
+from tests.realjob import Job, Kmend, of_class, running_kmend
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.realjob]
@@ -23,17 +23,12 @@ LOAD_S = 50.0
 """How long the healthy job's rank 0 decodes records before its first step."""
 WATCH_S = 70.0
 """How long the silent slow job is watched: its first look's threshold (30 s) and three more looks."""
-"""How long the healthy job's rank 0 decodes records before its first step."""
 
 
 @pytest.fixture
 def kmend(tmp_path: Path) -> Iterator[Kmend]:
     with running_kmend(tmp_path) as k:
         yield k
-
-
-def _of(incidents: list[dict[str, Any]], fault_class: str) -> list[dict[str, Any]]:
-    return [i for i in incidents if i["fault_class"] == fault_class]
 
 
 def _named(incident: dict[str, Any]) -> set[int]:
@@ -48,14 +43,14 @@ def test_a_rank_deadlocked_before_the_first_step_is_a_hang_naming_it_within_a_mi
     begun = time.time()
     job = Job(kmend.pods, "ddp-idle", "plain_ddp.py", steps=1000, world=2, fault=fault)
     try:
-        incs = kmend.wait_for(lambda i: any(1 in _named(h) for h in _of(i, "hang")), TARGET_S + 30)
+        incs = kmend.wait_for(lambda i: any(1 in _named(h) for h in of_class(i, "hang")), TARGET_S + 30)
         found = time.time()
         logged = [p.text() for p in job.pods]
         states = [Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
                   for p in job.pods for pid in p.worker_pids()]
     finally:
         job.stop()
-    hangs = [h for h in _of(incs, "hang") if 1 in _named(h)]
+    hangs = [h for h in of_class(incs, "hang") if 1 in _named(h)]
     assert hangs, (incs, job.output())
     assert not any("step " in text for text in logged)  # no rank ever printed a step
     assert "T" not in states and "t" not in states  # deadlocked, never stopped
@@ -65,7 +60,7 @@ def test_a_rank_deadlocked_before_the_first_step_is_a_hang_naming_it_within_a_mi
     print("\n".join(said))
     print(f"deadlocked rank before the first step line: rank 1 named {found - begun:.1f} s after launch")
     assert found - begun <= TARGET_S, found - begun
-    assert _of(incs, "straggler") == []
+    assert of_class(incs, "straggler") == []
 
 
 @pytest.mark.timeout(240)
@@ -75,7 +70,7 @@ def test_a_rank_busy_loading_data_before_the_first_step_is_no_hang(kmend: Kmend)
     job = Job(kmend.pods, "ddp-load", "plain_ddp.py", steps=100, world=2, fault=fault)
     try:
         ended = job.wait(LOAD_S + 120)
-        incs = kmend.wait_for(lambda i: bool(_of(i, "hang")), 5)
+        incs = kmend.wait_for(lambda i: bool(of_class(i, "hang")), 5)
         logged = [p.text() for p in job.pods]
     finally:
         job.stop()
@@ -83,7 +78,7 @@ def test_a_rank_busy_loading_data_before_the_first_step_is_no_hang(kmend: Kmend)
     assert all("step 100 " in text for text in logged)
     print(f"healthy job with a {LOAD_S:.0f} s load before its first step ran {time.time() - begun:.1f} s")
     assert time.time() - begun >= LOAD_S
-    assert _of(incs, "hang") == [], incs
+    assert of_class(incs, "hang") == [], incs
 
 
 @pytest.mark.timeout(150)
@@ -103,4 +98,4 @@ def test_a_silent_lightning_job_with_a_rank_that_sleeps_every_step_is_no_hang(km
         job.stop()
     assert alive, job.output()
     assert not any("Epoch 0" in text for text in logged)  # nothing of the bar reached the log
-    assert _of(incs, "hang") == [], incs
+    assert of_class(incs, "hang") == [], incs

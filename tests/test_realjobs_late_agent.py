@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.realjob import Job, running_kmend
-from tests.test_realjobs import _assert_stopped_rank_named, _hang_with_stacks, _of
+from tests.realjob import Job, of_class, running_kmend
+from tests.test_realjobs import _assert_stopped_rank_named, _hang_with_stacks
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow, pytest.mark.realjob, pytest.mark.timeout(180)]
@@ -68,7 +68,7 @@ def test_a_rank_stopped_before_the_agent_started_is_still_a_hang_named(tmp_path:
             told = _told_ended(tmp_path)
         finally:
             job.stop()
-        [hang] = _of(incs, "hang")
+        [hang] = of_class(incs, "hang")
         _assert_stopped_rank_named(hang, 1)
         assert hang["root_cause"]["job"] == "ddp-stall"
         assert told == []  # every rank's process is still there
