@@ -41,4 +41,5 @@ def test_evaluating_a_stepping_fleet_costs_less_cpu_than_taking_its_progress_in(
     # Every rank steps every second: each evaluation scores every job. Before, reading each rank's last 20 arrivals
     # into a dict and a set every time cost 1.5x the progress itself; now the steps since the last score are read.
     ratio = statistics.median(evaluate[8:]) / statistics.median(observe[8:])
-    assert ratio < 1.1, f"evaluation {ratio:.2f}x the CPU of observing the same second's progress"
+    # 0.91-1.03 on a quiet machine, 1.14 once on CI's loaded one; the cost this guards against was 1.5x.
+    assert ratio < 1.3, f"evaluation {ratio:.2f}x the CPU of observing the same second's progress"

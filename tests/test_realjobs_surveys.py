@@ -127,13 +127,16 @@ def test_a_rank_held_back_from_outside_is_named_from_what_the_scheduler_saw(kmen
         while _steps(job) < 10:
             assert time.monotonic() < deadline, job.output()
             time.sleep(0.1)
-        before = _steps_per_s(job, 2.0)
+        before = _steps_per_s(job, 4.0)
         [pid] = job.pods[1].worker_pids()
         with _stopped_and_continued(pid, 0.05, 0.05):
-            held = time.monotonic()
-            during = _steps_per_s(job, 2.0)
+            held, steps_held = time.monotonic(), _steps(job)
             incs = kmend.wait_for(lambda i: any(x["fault_class"] == "straggler" for x in i), 40)
             named = time.monotonic() - held
+            # The pace over the whole hold (at least 4 s): a 2 s window of loss lines under a loaded CI machine read
+            # 51 against 50 steps/s once.
+            time.sleep(max(0.0, 4.0 - named))
+            during = (_steps(job) - steps_held) / (time.monotonic() - held)
     finally:
         job.stop()
     print(f"{before:.1f} steps/s, {during:.1f} with rank 1 held from outside ({before / during:.2f}x slower); "
