@@ -45,7 +45,10 @@ def test_a_rank_stopped_from_outside_is_named_with_its_node(kmend: Kmend) -> Non
         _wait_for_step(job, 3, 20, 60)
         [worker] = job.pods[3].worker_pids()
         os.kill(worker, signal.SIGSTOP)  # the others block in the next all-reduce
-        incs = kmend.wait_for(lambda i: any(x["fault_class"] == "hang" for x in i), 45)
+        # The hang may open before the stopped rank's stacks arrive from its node's agent (then with no rank), and
+        # is narrowed to that rank when they do: wait for the incident as the operator is left with it.
+        incs = kmend.wait_for(lambda i: any(x["fault_class"] == "hang" and x["root_cause"].get("rank") is not None
+                                            for x in i), 45)
     finally:
         job.stop()
     [hang] = [i for i in incs if i["fault_class"] == "hang"]
