@@ -41,15 +41,13 @@ def _placements(signals: Sequence[Signal]) -> set[tuple[str, str]]:
 def strongest_per_signal(found: Sequence[Finding], generic: frozenset[str] = frozenset()) -> list[Finding]:
     """One finding per evidence signal: a specific rule's over a catch-all's (``generic``: rule ids),
     then the most severe, then the first in rule order."""
-    best: dict[str, Finding] = {}
-    rank: dict[str, tuple[int, int]] = {}
+    best: dict[str, tuple[tuple[bool, int], Finding]] = {}
     for f in found:
         key = f.evidence[0] if f.evidence else f.id
         r = (f.rule_id not in generic, SEVERITY_RANK[f.severity])
-        if key not in best or r > rank[key]:
-            best[key] = f
-            rank[key] = r
-    return list(best.values())
+        if key not in best or r > best[key][0]:
+            best[key] = (r, f)
+    return [f for _, f in best.values()]
 
 
 def drop_shadowed_generic(found: Sequence[Finding], generic: frozenset[str]) -> list[Finding]:
@@ -86,6 +84,15 @@ class Analyzer:
         self.correlator = correlator or Correlator()
         self.detectors = detectors
 
+    def _one_cause_per_signal(self, found: list[Finding]) -> list[Finding]:
+        """The findings with a catch-all's dropped where a specific rule matched the same signal; with
+        ``one_finding_per_signal``, only the strongest of each signal."""
+        if len(found) < 2:
+            return found
+        if self.one_finding_per_signal:
+            return strongest_per_signal(found, self._generic)
+        return drop_shadowed_generic(found, self._generic) if self._generic else found
+
     def findings(self, signals: Sequence[Signal], *, lines: bytes | None = None) -> list[Finding]:
         """Findings of a batch, escalations included, without folding (learns job placement, feeds the detectors).
 
@@ -105,10 +112,7 @@ class Analyzer:
         found = self.matcher.match(signals) if lines is None else self.matcher.match_lines(signals, lines)
         if self.context.active:
             found = self.context.filter(signals, found)
-        if self.one_finding_per_signal and len(found) > 1:
-            found = strongest_per_signal(found, self._generic)
-        elif self._generic and len(found) > 1:
-            found = drop_shadowed_generic(found, self._generic)
+        found = self._one_cause_per_signal(found)
         if self.detectors is not None and found:
             self.detectors.observe_findings(found)
         return found + self.escalator.observe_all(found)
@@ -137,10 +141,7 @@ class Analyzer:
         found = self.matcher.match(signals)
         if self.context.active:
             found = self.context.filter(signals, found)
-        if self.one_finding_per_signal and len(found) > 1:
-            found = strongest_per_signal(found, self._generic)
-        elif self._generic and len(found) > 1:
-            found = drop_shadowed_generic(found, self._generic)
+        found = self._one_cause_per_signal(found)
         newest = max(map(_TS, signals)) if signals else 0.0
         progress = self.detectors.extractor.extract(signals) if self.detectors is not None else []
         return BatchDigest(tuple(found), tuple(sorted(_placements(signals))), newest, tuple(progress),

@@ -94,11 +94,18 @@ class ProcStat:
     """Start time, clock ticks after boot."""
     flags: int = 0
     """Kernel flags (``PF_*``)."""
+    cpu_ticks: int = 0
+    """CPU time used, user and system (``utime + stime``), in clock ticks."""
 
     @property
     def kernel_thread(self) -> bool:
         """A kernel thread: no program, no environment, in no pod."""
         return bool(self.flags & _PF_KTHREAD)
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU time used, user and system, in seconds."""
+        return self.cpu_ticks / _CLK_TCK
 
 
 def read_stat(proc: Path) -> ProcStat | None:
@@ -113,7 +120,7 @@ def read_stat(proc: Path) -> ProcStat | None:
     if len(fields) < 20:
         return None
     return ProcStat(comm=head.partition("(")[2], state=fields[0], ppid=int(fields[1]), started=int(fields[19]),
-                    flags=int(fields[6]))
+                    flags=int(fields[6]), cpu_ticks=int(fields[11]) + int(fields[12]))
 
 
 @dataclass(frozen=True, slots=True)

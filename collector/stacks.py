@@ -40,12 +40,10 @@ from typing import Protocol
 import httpx
 
 from collector.node_requests import Answer, NodeRequest
-from collector.processes import ProcessFinder, TrainingProcess
+from collector.processes import ProcessFinder, TrainingProcess, read_stat
 from collector.sources.base import Clock, Poll
 
 log = logging.getLogger(__name__)
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 KIND = "stack_dump"
 """Request kind the service opens on a suspected hang."""
@@ -57,7 +55,6 @@ __all__ = ["KIND", "ProcessFinder", "PySpyDumper", "StackDumper", "StackRequestR
            "cpu_seconds", "poke_flight_recorder"]
 
 
-
 def is_of_job(proc: TrainingProcess, job: str) -> bool:
     """Whether `proc` is a rank of `job`: a bare name, or ``namespace/job`` matched against the process's pod."""
     if job in proc.names or proc.job == job:
@@ -66,19 +63,12 @@ def is_of_job(proc: TrainingProcess, job: str) -> bool:
     # A process whose pod is not known here (off-cluster, no pod directory) is matched by the job's name.
     return bool(sep) and name in proc.names and (proc.pod is None or proc.pod.split("/", 1)[0] == ns)
 
+
 def cpu_seconds(proc_root: Path, pid: int) -> float | None:
     """CPU time a process has used, user and system (``utime + stime`` of ``/proc/<pid>/stat``), in seconds; None
     when it is gone or unreadable."""
-    try:
-        text = (proc_root / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses: the fields start after the last ')'.
-    fields = text.rpartition(")")[2].split()
-    try:
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    except (IndexError, ValueError):
-        return None
+    stat = read_stat(proc_root / str(pid))
+    return None if stat is None else stat.cpu_s
 
 
 class StackDumper(Protocol):

@@ -43,43 +43,36 @@ def _named_from_stacks(incs: list[dict[str, Any]], rank: int, job: str) -> dict[
     return fields
 
 
-def test_a_rank_slow_before_its_all_reduce_is_named_from_the_stack_surveys(kmend: Kmend) -> None:
-    # Rank 2 sleeps before each forward pass: its peers wait for it in the gradient all-reduce, and every rank
-    # logs each step at the same moment, so the step lines cannot tell it. The agent's stack surveys can.
-    fault = {"KMEND_FAULT": "slow_forward", "KMEND_FAULT_RANK": "2", "KMEND_FAULT_AFTER": "5",
+def _slow_rank_named(kmend: Kmend, name: str, script: str, world: int, rank: int,
+                     env: dict[str, str] | None = None) -> dict[str, str]:
+    """Run `script` with `rank` sleeping 0.1 s before each forward pass (from step 5) until kmend names a straggler;
+    the stack-survey finding's fields (`_named_from_stacks`)."""
+    fault = {"KMEND_FAULT": "slow_forward", "KMEND_FAULT_RANK": str(rank), "KMEND_FAULT_AFTER": "5",
              "KMEND_FAULT_SLOW_S": "0.1"}
-    job = Job(kmend.pods, "ddp-slowfwd", "plain_ddp.py", steps=100_000, world=4, fault=fault)
+    job = Job(kmend.pods, name, script, steps=100_000, world=world, fault=fault, env=env)
     try:
         incs = kmend.wait_for(lambda i: any(x["fault_class"] == "straggler" for x in i), 90)
     finally:
         job.stop()
-    fields = _named_from_stacks(incs, 2, "ddp-slowfwd")
+    return _named_from_stacks(incs, rank, name)
+
+
+def test_a_rank_slow_before_its_all_reduce_is_named_from_the_stack_surveys(kmend: Kmend) -> None:
+    # Rank 2 sleeps before each forward pass: its peers wait for it in the gradient all-reduce, and every rank
+    # logs each step at the same moment, so the step lines cannot tell it. The agent's stack surveys can.
+    fields = _slow_rank_named(kmend, "ddp-slowfwd", "plain_ddp.py", 4, 2)
     assert float(fields["outside_share"]) > 2 * float(fields["peers_outside_share"]), fields
 
 
 def test_a_hugging_face_trainers_slow_rank_1_is_named_though_only_rank_0_prints(kmend: Kmend) -> None:
-    fault = {"KMEND_FAULT": "slow_forward", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5",
-             "KMEND_FAULT_SLOW_S": "0.1"}
-    job = Job(kmend.pods, "gpt2-slow", "hf_trainer.py", steps=100_000, world=2, fault=fault)
-    try:
-        incs = kmend.wait_for(lambda i: any(x["fault_class"] == "straggler" for x in i), 90)
-    finally:
-        job.stop()
-    fields = _named_from_stacks(incs, 1, "gpt2-slow")
+    fields = _slow_rank_named(kmend, "gpt2-slow", "hf_trainer.py", 2, 1)
     assert float(fields["peers_collective_share"]) >= 0.5, fields  # rank 0 waits for it
 
 
 def test_a_lightning_trainers_slow_rank_1_is_named_from_the_stack_surveys(kmend: Kmend) -> None:
     # The unmodified Lightning loop: rank 1 sleeps before each forward pass, so rank 0 waits for it in the gradient
     # all-reduce and both finish each step together; Lightning's bar (drawn in the log: RICH_IN_POD) shows one pace.
-    fault = {"KMEND_FAULT": "slow_forward", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5",
-             "KMEND_FAULT_SLOW_S": "0.1"}
-    job = Job(kmend.pods, "lit-slow", "lightning_trainer.py", steps=100_000, world=2, fault=fault, env=RICH_IN_POD)
-    try:
-        incs = kmend.wait_for(lambda i: any(x["fault_class"] == "straggler" for x in i), 90)
-    finally:
-        job.stop()
-    fields = _named_from_stacks(incs, 1, "lit-slow")
+    fields = _slow_rank_named(kmend, "lit-slow", "lightning_trainer.py", 2, 1, env=RICH_IN_POD)
     assert float(fields["peers_collective_share"]) >= 0.5, fields  # rank 0 waits for it
 
 

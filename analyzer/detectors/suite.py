@@ -124,6 +124,7 @@ class DetectorSuite:
                            self.stacks.apart(job))
 
     def _ranks(self, job: str) -> int:
+        """The job's ranks as its reports and started processes tell them (at least one)."""
         state = self.book.jobs.get(job)
         return max(sum(1 for r in state.ranks if r >= 0) or len(state.started), 1) if state else 1
 
@@ -139,7 +140,7 @@ class DetectorSuite:
         stopped, or two looks found the job where it was and in a hang's shape (``exoneration``: none); None when
         no stack of it was taken since."""
         state = self.book.jobs.get(job)
-        ranks = max(sum(1 for r in state.ranks if r >= 0) or len(state.started), 1) if state else 1
+        ranks = self._ranks(job)
         fresh = self.stacks.fresh(job, since)
         if not fresh:
             return None
