@@ -1,4 +1,4 @@
-"""Host lines whose cause is the workload or the node's software, and a hardware one beside them, diagnosed on the corpus path.
+"""Host lines caused by the workload or the node's software, and a hardware one, diagnosed on the corpus path.
 
 Each excerpt is a development-half corpus excerpt (tests/corpus/round15a-*.yaml) that the rules
 of 3f18621 got wrong: an out-of-memory kernel panic called broken hardware and a node to
