@@ -1,7 +1,8 @@
 """Spellings of communication, storage, GPU-memory and application faults the packs used to miss
-(NVSHMEM transports, CUDA peer access, TensorRT allocations, shape mismatches, JuiceFS, BeeGFS,
-gcsfs), each shown by real development-half excerpts through the `kmend analyze` path, and the
-look-alikes from the same threads that must stay silent."""
+(NVSHMEM transports, CUDA peer access, TensorRT and RAPIDS allocations, shape mismatches, DDP's
+unused parameters, NCCL in a small /dev/shm, JuiceFS, BeeGFS, gcsfs), each shown by real
+development-half excerpts through the `kmend analyze` path, and the look-alikes from the same
+threads that must stay silent."""
 
 from __future__ import annotations
 
@@ -37,8 +38,16 @@ FAMILIES = {
                          "juicefs-182-redis-bad-state-write-inode-eio", "juicefs-4055-redis-meta-io-timeout-flink"],
     "shared filesystem clients and object stores": ["beegfs-84-client-module-insert-invalid-after-update",
                                                     "gcsfs-189-backend-error-read"],
+    "nccl shared memory in a small /dev/shm": ["nccl-342-shm-posix-fallocate-docker-64mb",
+                                               "pytorch-ci-infra-490-nccl-shm-extend-failed"],
+    "rapids and cupy allocations": ["cudf-10517-rmm-bad-alloc-out-of-memory",
+                                    "cudf-6773-rmm-cuda-memory-allocation-two-kernels",
+                                    "dask-10202-cupy-out-of-memory-allocating-commas"],
+    "ddp parameters outside the loss": ["zsseg-35-ddp-finished-reduction-unused-params",
+                                        "yolov3-454-ddp-finished-reduction-torch-1-2"],
 }
-BENIGN = ["juicefs-1982-cloud-request-timeout-benign", "nccl-258-cuda-gdb-enable-peer-access-warnings-benign"]
+BENIGN = ["juicefs-1982-cloud-request-timeout-benign", "nccl-258-cuda-gdb-enable-peer-access-warnings-benign",
+          "voltaml-15-trt-tactic-oom-warnings-benign"]
 
 
 @pytest.fixture(scope="module")
