@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import gzip
 import random
+from collections.abc import Sequence
+from pathlib import Path
 
+import httpx
 import pytest
 
 from analyzer.engine import _BLOCK
@@ -14,10 +17,17 @@ from analyzer.matcher import FastMatcher, RegexMatcher
 from analyzer.metric_eval import SignalEvaluator
 from analyzer.metric_rules import load_signal_rules
 from analyzer.packs import default_metric_rules_dir
+from analyzer.records import Finding
 from analyzer.rules import Rule
 from collector.shipper import encode_batch
 from collector.signal import DecodedBatch, LogLine, MetricSample, Signal, Source
+from healer.notify import LogNotifier
 from kmend.api.signal_decode import decode_fast
+from kmend.app import create_app
+from kmend.demo import serve_in_thread
+from kmend.settings import Settings
+from kmend.wiring import make_kmend
+from sim.cluster import build_cluster
 
 NOISE = ["step 10 | loss 1.25", "NCCL INFO Connected all rings", "[  12.5] audit: type=1400", ""]
 
@@ -82,3 +92,33 @@ def test_a_batch_and_texts_that_disagree_in_number_are_refused() -> None:
     sig = Signal(id="a", node="n", source=Source.KERNEL, ts=1.0, payload=LogLine(text="x"))
     with pytest.raises(ValueError, match="2 texts for 1 log signals"):
         DecodedBatch([sig], ["x", "y"])
+
+
+def test_ingest_hands_the_engine_the_batch_the_decoder_built(tmp_path: Path, shipped_rules: list[Rule]) -> None:
+    """Through a real ``kmend serve`` app: the agent's numbered, gzipped body reaches the matcher with its texts."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'k.db'}", cluster="sim", healer_interval_s=0.05)
+    kmend = make_kmend(settings, cluster=build_cluster(2), notifier=LogNotifier())
+    seen: list[Sequence[Signal]] = []
+    match = kmend.analyzer.matcher.match
+
+    def recording(signals: Sequence[Signal]) -> list[Finding]:
+        seen.append(signals)
+        return match(signals)
+
+    kmend.analyzer.matcher.match = recording  # type: ignore[method-assign]
+    xid = next(r.examples[0] for r in shipped_rules if r.id == "xid-79")
+    texts = [f"step {i} loss 2.0" for i in range(50)] + [xid]
+    signals = [Signal(id=f"gpu-node-00/k/{i}", node="gpu-node-00", source=Source.KERNEL, ts=1_700_000_000.0 + i,
+                      payload=LogLine(text=t)) for i, t in enumerate(texts)]
+    body = encode_batch(signals, producer="gpu-node-00/a1", seq=1)
+    try:
+        with serve_in_thread(create_app(kmend, settings)) as url, httpx.Client(base_url=url, timeout=10) as client:
+            r = client.post("/v1/signals", content=body,
+                            headers={"content-type": "application/json", "content-encoding": "gzip"})
+            assert r.status_code == 200, r.text
+            assert r.json()["accepted"] == len(texts)
+        [batch] = seen
+        assert isinstance(batch, DecodedBatch) and batch.texts == tuple(texts)
+        assert "xid-79" in {f.rule_id for f in kmend.store.findings_in_order()}
+    finally:
+        kmend.store.close()
