@@ -132,6 +132,7 @@ class DecodedBatch(tuple[Signal, ...]):
     texts: tuple[str, ...]
     """The texts of the batch's log-line signals (``logs``), in order."""
     _logs: Sequence[Signal] | None
+    """The log-line signals when the batch holds anything else; None when every signal is one."""
 
     def __new__(cls, signals: Iterable[Signal], texts: Iterable[str], *,
                 logs: Sequence[Signal] | None = None) -> DecodedBatch:
