@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -118,3 +118,33 @@ class Signal:
     def text(self) -> str | None:
         """The log text when the payload is a log line, else ``None``."""
         return self.payload.text if isinstance(self.payload, LogLine) else None
+
+
+class DecodedBatch(tuple[Signal, ...]):
+    """A batch of signals as a decoder built them, with the texts of its log lines taken on the way.
+
+    The decoder holds each text while it builds the signal; the rule engine reads the texts from here
+    instead of walking the batch's objects a second time (on a large batch that walk costs as much as
+    scanning the text). A tuple, so the batch cannot change after the texts were taken; a slice or a copy
+    is a plain sequence and is read the ordinary way.
+    """
+
+    texts: tuple[str, ...]
+    """The texts of the batch's log-line signals (``logs``), in order."""
+    _logs: Sequence[Signal] | None
+    """The log-line signals when the batch holds anything else; None when every signal is one."""
+
+    def __new__(cls, signals: Iterable[Signal], texts: Iterable[str], *,
+                logs: Sequence[Signal] | None = None) -> DecodedBatch:
+        """``logs``: the batch's log-line signals when it holds anything else (None: every signal is one)."""
+        batch = super().__new__(cls, signals)
+        batch._logs = logs
+        batch.texts = tuple(texts)
+        if len(batch.texts) != len(batch.logs):
+            raise ValueError(f"{len(batch.texts)} texts for {len(batch.logs)} log signals")
+        return batch
+
+    @property
+    def logs(self) -> Sequence[Signal]:
+        """The batch's log-line signals, in order (the batch itself when it holds nothing else)."""
+        return self if self._logs is None else self._logs

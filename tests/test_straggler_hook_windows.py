@@ -64,7 +64,7 @@ def test_hook_summaries_close_at_the_step_cut_with_each_report_and_the_phases_sp
     assert abs(p.phases["compute"] - 0.045) < 1e-9 and abs(p.phases_sd["compute"] - 0.005) < 1e-9
     raw = gzip.decompress(encode_batch([summary]))
     fast = decode_fast(raw)
-    assert fast is not None and fast[0] == [summary]
+    assert fast is not None and list(fast[0]) == [summary]
     assert [to_record(x) for x in SignalBatch.model_validate(json.loads(raw)).signals] == [summary]
 
 
@@ -77,5 +77,5 @@ def test_a_summary_whose_phases_go_below_zero_crosses_the_wire() -> None:
     assert isinstance(summary.payload, ProgressSample) and summary.payload.phases_peak["comm_wait"] < 0
     raw = gzip.decompress(encode_batch([summary]))
     fast = decode_fast(raw)
-    assert fast is not None and fast[0] == [summary]
+    assert fast is not None and list(fast[0]) == [summary]
     assert [to_record(x) for x in SignalBatch.model_validate(json.loads(raw)).signals] == [summary]

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from collector.signal import MAX_ARRIVALS, LogLine, MetricSample, ProgressSample, Signal, Source
+from collector.signal import MAX_ARRIVALS, DecodedBatch, LogLine, MetricSample, ProgressSample, Signal, Source
 from collector.validate import MAX_NODE_NAME, node_name_problem
 
 _MAX = 1.7976931348623157e308
@@ -105,8 +105,12 @@ def peek_origin(body: bytes) -> tuple[Origin, int] | None:
     return (head.producer, head.seq), len(head.signals)
 
 
-def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
-    """The batch's signals and origin, or None when the body needs the pydantic model (to accept or refuse it)."""
+def decode_fast(body: bytes) -> tuple[DecodedBatch, Origin | None] | None:
+    """The batch's signals and origin, or None when the body needs the pydantic model (to accept or refuse it).
+
+    The texts of the log lines are kept with the batch as they are read (see DecodedBatch): the rule
+    engine scans them without walking the signals again.
+    """
     if b"\\u0000" in body:
         return None
     try:
@@ -120,18 +124,26 @@ def decode_fast(body: bytes) -> tuple[list[Signal], Origin | None] | None:
         return None
     out: list[Signal] = []
     append = out.append
+    texts: list[str] = []
+    keep = texts.append
+    mixed = False
     for s in batch.signals:
         p = s.payload
         payload: LogLine | MetricSample | ProgressSample
         if type(p) is _Log:
-            payload = LogLine(p.text, p.namespace, p.pod, p.container, p.job, p.rank)
+            keep(text := p.text)
+            payload = LogLine(text, p.namespace, p.pod, p.container, p.job, p.rank)
         elif type(p) is _Metric:
+            mixed = True
             payload = MetricSample(p.name, p.value, p.labels)
         else:
             assert isinstance(p, _Progress)
+            mixed = True
             payload = ProgressSample(p.job, p.rank, p.step, p.step_time, p.phases, p.event, p.world_size,
                                      namespace=p.namespace, samples=p.samples, step_time_min=p.step_time_min,
                                      step_time_max=p.step_time_max, arrivals=tuple(p.arrivals),
                                      phases_sd=p.phases_sd, phases_peak=p.phases_peak)
         append(Signal(s.id, s.node, s.source, s.ts, payload))
-    return out, None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq)
+    logs = [sig for sig in out if type(sig.payload) is LogLine] if mixed else None
+    return (DecodedBatch(out, texts, logs=logs),
+            None if batch.producer is None or batch.seq is None else (batch.producer, batch.seq))

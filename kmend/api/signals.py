@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import math
 import zlib
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import Annotated, Any
 
@@ -47,7 +48,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return raw
 
 
-def server_timed(signals: list[Signal], kmend: Kmend, settings: Settings) -> list[Signal]:
+def server_timed(signals: Sequence[Signal], kmend: Kmend, settings: Settings) -> Sequence[Signal]:
     """Signals with times no further ahead of the server's clock than the skew window (sent time kept)."""
     now = kmend.clock()
     times = list(map(_TS, signals))
@@ -104,7 +105,7 @@ def _take(body: bytes, kmend: Kmend, settings: Settings) -> Any:
     if settings.ingest_queue_s and wait > settings.ingest_queue_s:  # refused before any work: the agent resends
         kmend.metrics.busy.inc()
         return busy(wait, settings.ingest_queue_s)
-    decoded = decode_fast(body)
+    decoded: tuple[Sequence[Signal], tuple[str, int] | None] | None = decode_fast(body)
     if decoded is None:  # pydantic accepts what msgspec is stricter about, or names the bad field
         try:
             batch = SignalBatch.model_validate_json(body)
