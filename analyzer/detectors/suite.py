@@ -63,6 +63,7 @@ class DetectorSuite:
         self.hang.exonerate = self._exonerate
         self.hang.confirmed = self._confirmed
         self.hang.idle = self._idle
+        self.survey.hung = self.hang.reported
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
