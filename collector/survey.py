@@ -9,9 +9,11 @@ rank process on the node with ``py-spy record --nonblocking --idle`` (it reads t
 process's memory and never stops it) for `seconds`, classifies each sample of the main
 thread (``collector.frames.place``: in a collective, in a checkpoint, data loader,
 evaluation or file I/O, or in its own code) and sends, per rank, the share of samples in
-each place as one metric sample (``kmend_rank_stack_share``). With `proc_root`, the same sample says how much of
-the window each rank's main thread could not run (``collector.sched``: stopped, or waiting for a CPU), which the
-stacks cannot show; a rank stopped when the survey starts is watched that way only (py-spy cannot attach to it).
+each place as one metric sample (``kmend_rank_stack_share``), with how many distinct main-thread stacks the samples
+showed (``stacks``: a rank that runs shows many, one blocked in a collective one). With `proc_root`, the same sample
+says how much of the window each rank's main thread could not run (``collector.sched``: stopped, or waiting for a
+CPU), which the stacks cannot show; a rank stopped when the survey starts is watched that way only (py-spy cannot
+attach to it).
 The service compares the ranks of a job across nodes (``analyzer.detectors.survey``).
 """
 
@@ -83,20 +85,26 @@ class PySpyProfiler:
 def main_thread_places(raw: str, pid: int | None = None) -> Counter[str]:
     """Samples of the main thread (thread id `pid`, else the one named ``MainThread``, else the thread with the most
     samples) by place. A sample line is ``thread (tid)[: name];frame;...;frame count``, outermost frame first."""
-    by_thread: dict[str, Counter[str]] = {}
+    return main_thread_survey(raw, pid)[0]
+
+
+def main_thread_survey(raw: str, pid: int | None = None) -> tuple[Counter[str], int]:
+    """The main thread's samples by place (`main_thread_places`) and how many distinct stacks they show: a rank that
+    runs passes through many (its modules, autograd, the collective and out again), one blocked or spinning in one
+    place shows one or two."""
+    by_thread: dict[str, tuple[Counter[str], set[str]]] = {}
     for line in raw.splitlines():
         stack, _, count = line.rpartition(" ")
         head, *frames = stack.split(";")
         if not head.startswith("thread (") or not count.isdigit():
             continue
-        by_thread.setdefault(head, Counter())[place(frames[::-1])] += int(count)
-    for head, places in by_thread.items():
-        if pid is not None and head.startswith(f"thread ({pid})"):
-            return places
-    for head, places in by_thread.items():
-        if head.endswith(": MainThread"):
-            return places
-    return max(by_thread.values(), key=lambda c: sum(c.values()), default=Counter())
+        places, stacks = by_thread.setdefault(head, (Counter(), set()))
+        places[place(frames[::-1])] += int(count)
+        stacks.add(stack)
+    main = next((v for h, v in by_thread.items() if pid is not None and h.startswith(f"thread ({pid})")), None)
+    main = main or next((v for h, v in by_thread.items() if h.endswith(": MainThread")), None)
+    main = main or max(by_thread.values(), key=lambda v: sum(v[0].values()), default=(Counter(), set()))
+    return main[0], len(main[1])
 
 
 class StackSurvey:
@@ -146,7 +154,7 @@ class StackSurvey:
 
     def _survey(self, procs: list[TrainingProcess]) -> None:
         """Sample every rank process at once (each on its own py-spy), then queue one sample per rank."""
-        results: dict[int, Counter[str]] = {}
+        results: dict[int, tuple[Counter[str], int]] = {}
         # py-spy cannot attach to a stopped process; the scheduler's view covers it.
         threads = [threading.Thread(target=self._one, args=(p, results), daemon=True) for p in procs if not p.stopped]
         watch = SchedWatch([p.pid for p in procs], proc_root=self.proc_root) if self.proc_root is not None else None
@@ -163,12 +171,14 @@ class StackSurvey:
             ts = self.clock()
             signals = []
             for p in procs:
-                got = results.get(p.pid) or Counter()
+                got, distinct = results.get(p.pid) or (Counter(), 0)
                 total = sum(got.values())
                 ran = sched.get(p.pid)
                 if not total and ran is None:
                     continue
                 labels = {"job": str(p.job), "rank": str(p.rank), "samples": str(total)}
+                if total:
+                    labels["stacks"] = str(distinct)
                 if p.pod:
                     labels["namespace"] = p.pod.split("/", 1)[0]
                 labels.update({f"share_{k.replace(' ', '_').replace('/', '')}": f"{got[k] / total:.3f}"
@@ -184,9 +194,9 @@ class StackSurvey:
             with self._lock:
                 self._busy = False
 
-    def _one(self, proc: TrainingProcess, results: dict[int, Counter[str]]) -> None:
+    def _one(self, proc: TrainingProcess, results: dict[int, tuple[Counter[str], int]]) -> None:
         try:
-            results[proc.pid] = main_thread_places(self.profiler.profile(proc.pid, self.seconds, self.rate), proc.pid)
+            results[proc.pid] = main_thread_survey(self.profiler.profile(proc.pid, self.seconds, self.rate), proc.pid)
         except RuntimeError as exc:
             log.debug("survey of rank %s (pid %s) failed: %s", proc.rank, proc.pid, exc)
 

@@ -1,7 +1,8 @@
 """A real torchrun job (the plain DDP loop, gloo on CPU) whose rank 1 deadlocks on a lock of its own code, not
 stopped, before any rank prints a step line: a hang naming rank 1 within a minute of launch (the old main: only at
 `first_steps_timeout_s`, 600 s); and the same job whose rank 0 spends 50 s busy loading data before its first step
-is no hang at all."""
+is no hang at all; and a Lightning job that prints no progress, its rank 1 slow every step, is no hang but a straggler
+named from the stack surveys alone."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ LOAD_S = 50.0
 """How long the healthy job's rank 0 decodes records before its first step."""
 WATCH_S = 70.0
 """How long the silent slow job is watched: its first look's threshold (30 s) and three more looks."""
+SILENT_TARGET_S = 60.0
+"""Launch to the silent job's straggler: start-up, five steps, two surveys in a row (one every 10 s); 33-44 s measured,
+the rest is room for a loaded machine."""
 
 
 @pytest.fixture
@@ -82,15 +86,20 @@ def test_a_rank_busy_loading_data_before_the_first_step_is_no_hang(kmend: Kmend)
 
 
 @pytest.mark.timeout(150)
-def test_a_silent_lightning_job_with_a_rank_that_sleeps_every_step_is_no_hang(kmend: Kmend) -> None:
+def test_a_silent_lightning_jobs_rank_that_sleeps_every_step_is_a_straggler_and_no_hang(kmend: Kmend) -> None:
     """Lightning's default bar draws nothing in a pod without a terminal, so the job prints no progress at all; its
     rank 1 sleeps 0.1 s before every forward pass, using a few per cent of a CPU, and is often seen in that sleep at
-    two looks in a row while rank 0 waits for it in the all-reduce. The job runs: no hang."""
+    two looks in a row while rank 0 waits for it in the all-reduce. The job runs: no hang; and the stack surveys, which
+    show rank 0 entering and leaving the all-reduce while rank 1 works elsewhere, name rank 1 a straggler (the old
+    main judged no job without recent step lines: nobody was ever named)."""
     fault = {"KMEND_FAULT": "slow_forward", "KMEND_FAULT_RANK": "1", "KMEND_FAULT_AFTER": "5",
              "KMEND_FAULT_SLOW_S": "0.1"}
+    begun = time.monotonic()
     job = Job(kmend.pods, "lit-quiet", "lightning_trainer.py", steps=100_000, world=2, fault=fault)
     try:
-        time.sleep(WATCH_S)
+        incs = kmend.wait_for(lambda i: bool(of_class(i, "straggler")), WATCH_S)
+        named = time.monotonic() - begun
+        time.sleep(max(0.0, WATCH_S - named))  # watched as long as before: still no hang
         incs = kmend.incidents()
         logged = [p.text() for p in job.pods]
         alive = all(p.proc.poll() is None for p in job.pods)
@@ -99,3 +108,9 @@ def test_a_silent_lightning_job_with_a_rank_that_sleeps_every_step_is_no_hang(km
     assert alive, job.output()
     assert not any("Epoch 0" in text for text in logged)  # nothing of the bar reached the log
     assert of_class(incs, "hang") == [], incs
+    stragglers = of_class(incs, "straggler")
+    assert stragglers and all(_named(i) == {1} for i in stragglers), [(i["fault_class"], i["root_cause"]) for i in incs]
+    [f] = [f for f in stragglers[0]["findings"] if f["fields"].get("basis") == "stacks"]
+    assert f["fields"]["progress"].startswith("none recent"), f["fields"]
+    print(f"silent Lightning job: rank 1 named a straggler {named:.1f} s after launch")
+    assert named <= SILENT_TARGET_S, named

@@ -89,7 +89,7 @@ def test_the_agent_surveys_every_rank_process_and_sends_one_share_per_rank() -> 
     assert first.value == pytest.approx(0.57)
     assert first.labels == {"job": "llama", "rank": "0", "namespace": "train", "samples": "100",
                             "share_collective": "0.570", "share_code": "0.250", "share_data_loader": "0.100",
-                            "share_checkpoint": "0.080"}
+                            "share_checkpoint": "0.080", "stacks": "4"}
     now[0] += 5.0
     assert survey.poll().signals == [] and len(profiler.calls) == 3  # not due again yet
     now[0] += 5.0

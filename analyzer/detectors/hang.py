@@ -178,6 +178,11 @@ class HangDetector:
             return False
         return True if self._reported.get(name) == (job.run, newest) else None
 
+    def reported(self, name: str) -> bool:
+        """Whether the job's current silence was called a hang."""
+        job = self.book.jobs.get(name)
+        return job is not None and self._reported.get(name) == (job.run, job.newest)
+
     def _paused(self, job: JobState, now: float) -> bool:
         return job.paused_at is not None and now - job.paused_at < self.config.max_pause_s
 

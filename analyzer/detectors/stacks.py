@@ -17,6 +17,12 @@ some seconds apart: its stack did not move and its process used (almost) no CPU 
 CPU time with each stack). Such a rank, outside any collective in its own code while every other rank waits in
 one at both looks, is ``idle``: what the others wait for, even before the job's first step. A rank outside the
 collectives whose CPU time advanced is busy, slow rather than stuck, even when its stack reads the same.
+
+Unless it spins: a rank deadlocked in a busy-wait (``while not flag: pass``) uses a whole CPU and never moves. A
+rank busy in a long legitimate computation (decoding data, compiling) passes through many stacks over minutes; a
+spin loop shows the same one or two at every look. A rank whose main thread showed at most two distinct stacks, in
+its own code (not delegated), at `spin_looks` looks or more spanning `spin_s` or more, while every other rank waited
+in a collective at every look over that span, is ``spinning`` (``StackDetector.spinning``): what the others wait for.
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ a child command): their CPU time is not its own, so its own standing still says 
 
 MAX_WAIT_S = 3600.0
 """Stacks of a job that is neither called hung nor progressing this long after are dropped."""
+
+SPIN_STACKS = 1
+"""Distinct stacks a spinning rank may show over its looks: one, the same frames at the same lines every time (a
+loader dominated by one or two long C calls shows the same two stacks at a few looks in a row often enough)."""
 
 _THREAD = re.compile(r'^Thread (?P<id>\S+) \((?P<state>[^)]*)\): "(?P<name>[^"]*)"')
 
@@ -230,13 +240,38 @@ def _places(where: Mapping[int, str]) -> str:
     return ", ".join(f"rank(s) {','.join(map(str, rs[:8]))} in {p}" for p, rs in by.items())
 
 
+@dataclass(slots=True)
+class _Run:
+    """Looks in a row that found one rank's main thread in the same few stacks."""
+
+    pid: int
+    """The process looked at."""
+    first: float
+    """When the first of them arrived."""
+    last: float
+    """When the latest arrived."""
+    looks: int
+    """How many there were."""
+    stacks: set[tuple[str, ...]]
+    """The distinct main-thread stacks they showed (at most `SPIN_STACKS`)."""
+    cpu_s: float | None
+    """The process's CPU time at the first of them (None: not sent)."""
+
+
 class StackDetector:
     """Keeps a job's stack dumps as they arrive and judges them once they settle."""
 
     id = DETECTOR_ID
 
-    def __init__(self, *, settle_s: float = 3.0) -> None:
+    def __init__(self, *, settle_s: float = 3.0, spin_s: float = 120.0, spin_looks: int = 6) -> None:
         self.settle_s = settle_s
+        self.spin_s = spin_s
+        """A rank whose stack stays this long (and `spin_looks` looks) where it is while its peers wait spins."""
+        self.spin_looks = spin_looks
+        self._runs: dict[str, dict[int, _Run]] = {}
+        """Per job and rank, the looks in a row that found its main thread in the same few stacks."""
+        self._waiting: dict[str, dict[int, float]] = {}
+        """Per job and rank, when the looks in a row that found it waiting in a collective began."""
         self._stacks: dict[str, dict[int, StackSample]] = {}
         self._last: dict[str, float] = {}
         self._expected: dict[str, int] = {}
@@ -260,7 +295,8 @@ class StackDetector:
 
     def forget(self, job: str) -> None:
         """Drop the stacks kept for a job that left the book."""
-        for kept in (self._stacks, self._last, self._expected, self._taken, self._before, self._known):
+        for kept in (self._stacks, self._last, self._expected, self._taken, self._before, self._known, self._runs,
+                     self._waiting):
             kept.pop(job, None)
 
     def add(self, job: str, sample: StackSample, ts: float, *, ranks: int = 0,
@@ -274,9 +310,60 @@ class StackDetector:
             self._before.setdefault(job, {})[sample.rank] = (kept[sample.rank], self._taken[job][sample.rank])
         kept[sample.rank] = sample
         self._taken.setdefault(job, {})[sample.rank] = ts
+        frames = tuple(main_frames(sample.text))
+        runs = self._runs.setdefault(job, {})
+        run = runs.get(sample.rank)
+        waits = place(list(frames)) == "collective" and not sample.stopped
+        if run is None or run.pid != sample.pid or (frames not in run.stacks and len(run.stacks) >= SPIN_STACKS):
+            runs[sample.rank] = _Run(sample.pid, ts, ts, 1, {frames}, sample.cpu_s)
+        else:
+            run.stacks.add(frames)
+            run.last, run.looks = ts, run.looks + 1
+        waiting = self._waiting.setdefault(job, {})
+        if not waits:
+            waiting.pop(sample.rank, None)
+        else:
+            waiting.setdefault(sample.rank, ts)
         self._last[job] = max(self._last.get(job, ts), ts)
         if ranks:
             self._expected[job] = ranks
+
+    def spinning(self, job: str, since: float, ranks: int) -> list[int]:
+        """Ranks of `job` spinning since `since` while their peers wait for them: each at `spin_looks` looks or more
+        spanning `spin_s` or more, all taken after `since`, found in at most `SPIN_STACKS` distinct stacks in its own
+        code (no collective, no busy place, not waiting on other processes), while every other one of the `ranks`
+        waited in a collective at every look since that span began. Empty unless all `ranks` answered."""
+        stacks, runs, taken = self._stacks.get(job, {}), self._runs.get(job, {}), self._taken.get(job, {})
+        if ranks <= 0 or len(stacks) < ranks or any(s.stopped for s in stacks.values()):
+            return []
+        out = []
+        for r, run in runs.items():
+            if (r not in stacks or run.looks < self.spin_looks or run.last - run.first < self.spin_s
+                    or run.first <= since or taken.get(r) != run.last):
+                continue
+            frames = [list(fr) for fr in run.stacks]
+            if any(place(fr) != "code" or _delegated(fr) for fr in frames):
+                continue
+            waiting = self._waiting.get(job, {})
+            peers = [q for q in stacks if q != r]
+            # A look's stacks arrive one rank after another, within `settle_s`.
+            if peers and all(q in waiting and waiting[q] <= run.first + self.settle_s for q in peers):
+                out.append(r)
+        return sorted(out)
+
+    def spin_message(self, job: str, rank: int) -> str:
+        """``rank N spinning in <frame> (...) while its peers wait in <collective>``, for a `spinning` rank."""
+        stacks, run = self._stacks[job], self._runs[job][rank]
+        s = stacks[rank]
+        frames = main_frames(s.text)
+        peers = sorted(r for r in stacks if r != rank)
+        waits = next((f for r in peers if (f := collective_frame(main_frames(stacks[r].text)))), "a collective")
+        span = run.last - run.first
+        used = (f", {max(s.cpu_s - run.cpu_s, 0.0) / span:.0%} of a CPU" if s.cpu_s is not None
+                and run.cpu_s is not None and span > 0 else "")
+        return (f"rank {rank} on {s.node} spinning in {frames[0] if frames else 'no Python frame'} (the same "
+                f"{'stack' if len(run.stacks) == 1 else f'{len(run.stacks)} stacks'} at {run.looks} looks over "
+                f"{span:.0f} s{used}) while its peers ({','.join(map(str, peers[:8]))}) wait in {waits}")
 
     def evaluate(self, now: float, hung: Callable[[str, float], bool | None]) -> list[Finding]:
         """Findings for jobs whose stacks settled (stopped arriving `settle_s` ago, or all in) and that hang.
@@ -299,6 +386,8 @@ class StackDetector:
                 continue
             apart = self.apart(job)
             del self._stacks[job]
+            self._runs.pop(job, None)
+            self._waiting.pop(job, None)
             self._expected.pop(job, None)
             self._taken.pop(job, None)
             before = {r: s for r, (s, _) in self._before.pop(job, {}).items()}

@@ -63,6 +63,7 @@ class DetectorSuite:
         self.hang.exonerate = self._exonerate
         self.hang.confirmed = self._confirmed
         self.hang.idle = self._idle
+        self.survey.hung = self.hang.reported
         self.forget_after_s = forget_after_s
         """A job silent this long is dropped from memory (its hang, if any, was reported long before)."""
         self.watermark = 0.0
@@ -120,6 +121,8 @@ class DetectorSuite:
         """Why the stacks taken since the job's last progress show it slow rather than hung (None: they don't)."""
         state = self.book.jobs.get(job)
         ranks = (sum(1 for r in state.ranks if r >= 0) or len(state.started)) if state else 0
+        if self.stacks.spinning(job, since, ranks):
+            return None  # busy in the same place for minutes while the others wait: stuck, not slow
         return exoneration(self.stacks.fresh(job, since), ranks, self.stacks.earlier(job, since),
                            self.stacks.apart(job))
 
@@ -133,7 +136,10 @@ class DetectorSuite:
         its peers wait in a collective (``idle_ranks``): (rank, node, what the stacks show); None when none."""
         fresh = self.stacks.fresh(job, since)
         idle = idle_ranks(fresh, self._ranks(job), self.stacks.earlier(job, since), self.stacks.apart(job))
-        return (idle[0], fresh[idle[0]].node, idle_message(fresh, idle)) if idle else None
+        if idle:
+            return idle[0], fresh[idle[0]].node, idle_message(fresh, idle)
+        spin = self.stacks.spinning(job, since, self._ranks(job))
+        return (spin[0], fresh[spin[0]].node, self.stacks.spin_message(job, spin[0])) if spin else None
 
     def _confirmed(self, job: str, since: float) -> bool | None:
         """Whether stacks taken since the job's last progress show it stuck: every rank answered, and a process is
@@ -147,6 +153,8 @@ class DetectorSuite:
         if len(fresh) < ranks:
             return False
         if any(s.stopped for s in fresh.values()):
+            return True
+        if self.stacks.spinning(job, since, ranks):
             return True
         if state is None or not state.steps_seen:
             # Start-up has ranks waiting at a barrier for one still importing or compiling (a compile's wait loop

@@ -16,11 +16,18 @@ its peers, only less of the time, so its stack samples look like theirs. The sur
 each rank's main thread could not run (``collector.sched``: stopped, or runnable and waiting for a CPU); a rank whose
 share of that is `ratio` times its peers' median and `held_gap` above every peer's, while its peers wait in the
 collectives, is named the same way (a rank stopped nearly the whole window is a hang, the hang detector's).
+
+A job that prints no progress (a progress bar that draws nothing without a terminal, a loop that logs once an epoch)
+has no recent step in the book; it is judged from the surveys alone, by the same rules, while they show it running
+rather than hung: every peer of the rank judged showed at least `min_stacks` distinct main-thread stacks in its
+survey, some of its samples in the collectives and at least `min_outside` of them out of them (it enters and leaves
+them: a hung job's peers sit in one collective, one stack, every sample). Surveys from agents that do not count
+stacks leave such a job unjudged, and so does a silence the hang detector called a hang (``hung``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from statistics import median
 
@@ -58,6 +65,12 @@ class SurveyConfig:
     `min_gap`: on a loaded machine the run-queue wait of healthy ranks differs by 0.1-0.2 from survey to survey)."""
     max_stopped: float = 0.9
     """A rank stopped at least this share of a survey is not a straggler: it hardly runs (the hang detector's)."""
+    min_stacks: int = 2
+    """In a job with no recent progress, the distinct main-thread stacks each peer's survey must show (a peer of a
+    hung job shows one: the collective it sits in)."""
+    min_outside: float = 0.004
+    """... and the least share of its samples out of the collectives, to show it leaves them as well as enters them
+    (one sample of a default survey's 200: a peer waiting for a rank that sleeps 0.1 s a step is out 1-3 %)."""
 
 
 @dataclass(slots=True)
@@ -70,6 +83,8 @@ class _Rank:
     where: str
     signal_id: str
     """Evidence: the survey sample."""
+    stacks: int | None = None
+    """Distinct main-thread stacks in the survey; None: the agent did not count them."""
     held: float | None = None
     """Share of the window the rank could not run (stopped or waiting for a CPU); None: not measured."""
     stopped: float = 0.0
@@ -89,6 +104,8 @@ class SurveyDetector:
         self.config = config or SurveyConfig()
         self._jobs: dict[str, dict[int, _Rank]] = {}
         """Per job key, each rank's latest survey."""
+        self.hung: Callable[[str], bool] = lambda job: False
+        """Whether the hang detector called the job's current silence a hang (it is not judged then)."""
 
     def observe(self, sig: Signal) -> None:
         """Keep a rank's latest survey (``kmend_rank_stack_share`` samples; others are ignored)."""
@@ -108,6 +125,8 @@ class SurveyDetector:
         old = ranks.get(int(rank))
         samples = labels.get("samples", "0")
         new = _Rank(sig.node, sig.ts, outside, p.value, int(samples) if samples.isdigit() else 0, where, sig.id)
+        stacks = labels.get("stacks", "")
+        new.stacks = int(stacks) if stacks.isdigit() else None
         if "cpu_wait" in labels or "stopped" in labels:
             new.stopped = _share(labels, "stopped")
             new.held = min(_share(labels, "cpu_wait") + new.stopped, 1.0)
@@ -127,7 +146,8 @@ class SurveyDetector:
             last = max((r.last_ts for r in state.ranks.values()), default=0.0)
             fresh = {r: s for r, s in self._jobs[key].items() if now - s.ts <= cfg.max_age_s}
             ranks = {r: s for r, s in fresh.items() if s.samples >= cfg.min_samples}
-            if len(fresh) < 2 or not ranks or now - last > cfg.idle_s:
+            silent = now - last > cfg.idle_s
+            if len(fresh) < 2 or not ranks or (silent and self.hung(key)):
                 continue
             for r, s in fresh.items():
                 if s.ts <= s.counted:
@@ -135,6 +155,9 @@ class SurveyDetector:
                 s.counted = s.ts
                 peers = [p for q, p in ranks.items() if q != r]
                 if not peers:
+                    continue
+                if silent and not self._running([p for q, p in fresh.items() if q != r]):
+                    s.streak, s.open_ts = 0, None  # no progress, and no sign that the job runs: not judged
                     continue
                 ref, wait = median(p.outside for p in peers), median(p.collective for p in peers)
                 # It stands alone: two ranks that both work while the rest wait are a role (a pipeline
@@ -149,8 +172,15 @@ class SurveyDetector:
                 if s.streak < cfg.persistence or s.open_ts is not None:
                     continue
                 s.open_ts = s.ts
-                out.append(self._finding(key, r, s, ref, wait, len(fresh), now, None if flagged else held))
+                out.append(self._finding(key, r, s, ref, wait, len(fresh), now, None if flagged else held, silent))
         return out
+
+    def _running(self, others: list[_Rank]) -> bool:
+        """Whether the surveys of a rank's peers show them running: each entered and left the collectives in its
+        window, through `min_stacks` distinct stacks (never from an agent that does not count them)."""
+        cfg = self.config
+        return all(p.stacks is not None and p.stacks >= cfg.min_stacks and p.samples >= cfg.min_samples
+                   and p.collective > 0.0 and 1.0 - p.collective >= cfg.min_outside for p in others)
 
     def _held(self, s: _Rank, others: list[_Rank], wait: float) -> float | None:
         """The peers' median share of the window they could not run, when `s` could not run far more of it than every
@@ -163,12 +193,14 @@ class SurveyDetector:
         return ref if s.held >= cfg.ratio * ref and s.held - max(peers) >= cfg.held_gap else None
 
     def _finding(self, job: str, rank: int, s: _Rank, ref: float, wait: float, ranks: int, now: float,
-                 held: float | None) -> Finding:
+                 held: float | None, silent: bool = False) -> Finding:
         fields = {"basis": "stacks", "outside_share": f"{s.outside:.3f}", "peers_outside_share": f"{ref:.3f}",
                   "peers_collective_share": f"{wait:.3f}", "where": s.where, "samples": str(s.samples),
                   "surveys": str(s.streak), "ranks_surveyed": str(ranks)}
         if not s.samples:
             del fields["outside_share"]  # its stacks could not be sampled (stopped when the survey began)
+        if silent:
+            fields["progress"] = "none recent: judged from the surveys alone"
         if s.held is not None:
             fields.update({"held_share": f"{s.held:.3f}", "stopped_share": f"{s.stopped:.3f}"})
         if held is None:

@@ -13,6 +13,8 @@ equals ``KMEND_FAULT_RANK``, after ``KMEND_FAULT_AFTER`` optimizer steps:
   batch takes ``KMEND_FAULT_STALL_S`` seconds (storage that stalls, then recovers: a slow job, not a hung one);
 - ``KMEND_FAULT=deadlock``: at its next forward pass the process blocks for good on a lock another of its threads
   holds (a deadlock in the job's own code: the process sleeps, uses no CPU and is never stopped);
+- ``KMEND_FAULT=spin``: at its next forward pass the process spins on a flag that is never set (``while not
+  flag: pass``: a deadlock in the job's own code that keeps a CPU busy, its stack the same at every look);
 - ``KMEND_FAULT=load``: at its first forward pass it spends ``KMEND_FAULT_LOAD_S`` seconds decoding records on its
   CPU (a slow data load before the first step: busy, its stack changing), then trains on.
 """
@@ -57,6 +59,12 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
         taken.wait()
         held.acquire()
 
+    _flag = [False]
+
+    def _spin() -> None:
+        while not _flag[0]:
+            pass
+
     def _load(seconds: float) -> None:
         import json
         import random
@@ -72,6 +80,8 @@ if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.g
             os.kill(os.getpid(), signal.SIGSTOP)
         if _fault == "deadlock" and _steps[0] >= _after:
             _deadlock()
+        if _fault == "spin" and _steps[0] >= _after:
+            _spin()
         if _fault == "load" and not _forwards[0]:
             _forwards[0] = 1
             _load(float(os.environ["KMEND_FAULT_LOAD_S"]))
