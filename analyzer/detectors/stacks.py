@@ -20,9 +20,11 @@ collectives whose CPU time advanced is busy, slow rather than stuck, even when i
 
 Unless it spins: a rank deadlocked in a busy-wait (``while not flag: pass``) uses a whole CPU and never moves. A
 rank busy in a long legitimate computation (decoding data, compiling) passes through many stacks over minutes; a
-spin loop shows the same one or two at every look. A rank whose main thread showed at most two distinct stacks, in
-its own code (not delegated), at `spin_looks` looks or more spanning `spin_s` or more, while every other rank waited
-in a collective at every look over that span, is ``spinning`` (``StackDetector.spinning``): what the others wait for.
+spin loop shows the same one at every look. A rank whose main thread showed one stack (`SPIN_STACKS`), in its own
+code (not delegated), at `spin_looks` looks or more spanning `spin_s` or more (300 s: one long native call, such as a
+tokenizer run over a whole dataset on rank 0 while the others wait at a barrier, looks the same for a while), while
+every other rank waited in a collective at every look over that span, is ``spinning`` (``StackDetector.spinning``):
+what the others wait for.
 """
 
 from __future__ import annotations
@@ -263,7 +265,7 @@ class StackDetector:
 
     id = DETECTOR_ID
 
-    def __init__(self, *, settle_s: float = 3.0, spin_s: float = 120.0, spin_looks: int = 6) -> None:
+    def __init__(self, *, settle_s: float = 3.0, spin_s: float = 300.0, spin_looks: int = 6) -> None:
         self.settle_s = settle_s
         self.spin_s = spin_s
         """A rank whose stack stays this long (and `spin_looks` looks) where it is while its peers wait spins."""
