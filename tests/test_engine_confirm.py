@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.engine import Backend, Confirmer, MultiMatcher, NaiveMatcher, available_backends
+from analyzer.confirm import Confirmer
+from analyzer.engine import Backend, MultiMatcher, NaiveMatcher, available_backends
 from analyzer.matcher import FastMatcher, RegexMatcher
 from analyzer.rules import Rule
 from collector.signal import LogLine, Signal, Source
