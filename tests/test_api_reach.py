@@ -1,11 +1,13 @@
 """Backing off from an API server that does not answer: the shared backoff (growing, jittered, capped, never shorter
-than a Retry-After), the one-warning-per-outage log, and a list/watch cache against the loopback server stopped and
-started again (quiet, backed off, in sync again after the return; a 429's Retry-After waited for)."""
+than a Retry-After), the one-warning-per-outage log, a list/watch cache against the loopback server stopped and
+started again (quiet, backed off, in sync again after the return; a 429's Retry-After waited for), and the gang
+scheduler refused by RBAC for good (said once, retried)."""
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,10 +15,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from healer.gang.scheduler import GangScheduler
 from healer.kube.cache import ListWatchCache
+from healer.kube.pods import KubePodScheduling
 from healer.kube.rest import NODES, Rest
 from healer.reach import Backoff, Reachability
-from tests.fake_apiserver import FakeApiServer
+from tests.fake_apiserver import FakeApiServer, RoleRules
+from tests.test_kube_serve_e2e import MANIFEST
 
 
 def _until(what: str, pred: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -120,3 +125,33 @@ def test_a_cache_waits_as_long_as_a_429_asks() -> None:
         finally:
             cache.stop()
         assert again - at >= 0.9, again - at  # Retry-After: 1, not the 0.05 s retry
+
+
+def test_a_403_that_lasts_is_said_once_by_the_scheduler_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    """The shipped ClusterRole trimmed of pods' list and watch: the gang scheduler's cycle is refused each time; the
+    403 naming the verb, resource and scope is logged once, and the cycle is tried again (backing off), not
+    abandoned."""
+    user = "system:serviceaccount:kmend-system:kmend"
+    rbac = RoleRules.from_manifest(MANIFEST, "kmend", token="t", user=user)
+    for rule in rbac.rules:
+        if "pods" in rule.get("resources", ()) and "" in rule.get("apiGroups", ()):
+            rule["verbs"] = [v for v in rule["verbs"] if v not in ("list", "watch")]
+    with FakeApiServer(rbac=rbac) as api:
+        cfg = client.Configuration(host=api.url)
+        cfg.api_key = {"authorization": "Bearer t"}
+        scheduler = GangScheduler(port=KubePodScheduling(client.ApiClient(cfg), clock=time.time),
+                                  is_leader=lambda: True, clock=time.time)
+        stop = threading.Event()
+        caplog.set_level(logging.WARNING)
+        thread = threading.Thread(target=scheduler.run, args=(stop, 0.05), daemon=True)
+        thread.start()
+        try:
+            _until("five refused pod lists",
+                   lambda: sum(1 for m, p in api.requests if m == "GET" and p == "/api/v1/pods") >= 5)
+        finally:
+            stop.set()
+            scheduler.wake()
+            thread.join(10)
+    said = [r.getMessage() for r in caplog.records if 'cannot list resource "pods"' in r.getMessage()]
+    assert len(said) == 1, said
+    assert f'User "{user}" cannot list resource "pods" in API group "" at the cluster scope' in said[0]

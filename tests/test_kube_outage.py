@@ -1,9 +1,9 @@
-"""`kmend serve --cluster kube` when its API server stops, starts, or refuses for good: the loopback server (with the
+"""`kmend serve --cluster kube` when its API server stops or starts: the loopback server (with the
 shipped ClusterRole enforced) goes down for five seconds and comes back on the same port — kmend says so once (not
 a warning per loop and round), backs off, and an Xid 79 posted during the outage still ends with the node cordoned
 within seconds of the return, by one plan; kmend started into the server's start-up window (403 before RBAC is
-loaded, 429 with Retry-After) leads and heals without a traceback; a 403 that lasts is said, and retried, not
-silenced or given up on."""
+loaded, 429 with Retry-After) leads and heals without a traceback; a plan that was under way when the server
+stopped finishes after it, each step done once."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collector.wire import to_wire
 from tests.builders import XID79, container, kernel
 from tests.fake_apiserver import FakeApiServer, RoleRules
 from tests.procs import Served, kube_serve_env, lease_holder, start_serve
-from tests.test_kube_serve_e2e import MANIFEST, SA_TOKEN, TOKENS, _until, _world
+from tests.test_kube_serve_e2e import MANIFEST, SA_TOKEN, TOKENS, Controllers, _until, _world
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -85,7 +85,8 @@ def test_an_outage_is_said_once_backed_off_and_healing_goes_on_after_it(tmp_path
         log = served.log.read_text(errors="replace")
         assert "Traceback" not in log, log[-4000:]
         assert f"API server {api.url} answers again" in log
-        assert took <= OUTAGE_S + 3.0, f"cordoned {took:.1f} s after the server came back"
+        # The loops wait at most 5 s between tries, and the first answer wakes the healer: seconds, even loaded.
+        assert took <= 10.0, f"cordoned {took:.1f} s after the server came back"
         # One plan, decided once and carried on after the outage; its Event written once.
         assert len(plans) == 1 and plans[0]["node"] == "gpu-1", plans
         assert len([e for e in api.events if e["reason"] == "KmendQuarantine"]) == 1, api.events
@@ -112,23 +113,30 @@ def test_serve_started_in_the_api_servers_start_up_window_leads_and_heals(tmp_pa
         assert served.proc.returncode in (0, -15), served.proc.returncode
 
 
-def test_a_403_that_lasts_is_said_once_and_retried(tmp_path: Path) -> None:
+def test_a_plan_started_before_an_outage_finishes_after_it_each_step_once(tmp_path: Path) -> None:
     rbac = RoleRules.from_manifest(MANIFEST, "kmend", token=SA_TOKEN, user=USER)
-    for rule in rbac.rules:  # the ClusterRole as an operator might trim it: no list or watch of pods
-        if "pods" in rule.get("resources", ()) and "" in rule.get("apiGroups", ()):
-            rule["verbs"] = [v for v in rule["verbs"] if v not in ("list", "watch")]
     with FakeApiServer(rbac=rbac) as api:
         _world(api)
+        ctl = Controllers(api)
         served = _serve(tmp_path, api)
         try:
             served.wait_ready()
-            _until("the scheduler to try its pod list five times",
-                   lambda: sum(1 for m, p in api.requests if m == "GET" and p == "/api/v1/pods") >= 5, timeout=60)
+            _until("kmend to lead", lambda: lease_holder(api) != "")
+            _post_xid79(served.url)
+            _until("gpu-1 cordoned", lambda: _cordoned(api))
+            api.down()  # the plan's taint, label, condition, Event, drain and the rest are still to come
+            time.sleep(3.0)
+            api.up()
+            final = _until("the plan to finish", lambda: (p := _plans(served.url)) and p[0]["state"] in (
+                "succeeded", "failed") and p, timeout=150, tick=ctl.tick)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{served.tail(4000)}") from None
         finally:
             served.stop()
-        said = [line for line in _lines(served.log) if 'cannot list resource "pods"' in line]
-        assert said, served.tail(4000)
-        assert all(" WARNING " in line for line in said), said
-        assert len(said) <= 2, said  # said, not said on every retry
-        assert f'User "{USER}" cannot list resource "pods" in API group "" at the cluster scope' in said[0]
-
+        assert len(final) == 1, final
+        steps = [(s["kind"], s["state"], s["result"]) for s in final[0]["steps"]]
+        assert final[0]["state"] == "succeeded", steps
+        assert len([e for e in api.events if e["reason"] == "KmendQuarantine"]) == 1, api.events
+        evicted = [p for m, p, _ in api.bodies if m == "POST" and p.endswith("/llama-worker-1/eviction")]
+        assert len(evicted) == 1, evicted
+        assert "Traceback" not in served.log.read_text(errors="replace"), served.tail(4000)

@@ -55,7 +55,7 @@ def translate(exc: Exception) -> Exception:
             return NotFoundError(msg)
         if status in (409, 429) or status >= 500:
             asked = retry_after(exc)
-            return TemporaryError(msg, delay=asked or 1.0, unreachable=status != 409, retry_after=asked)
+            return TemporaryError(msg, delay=asked or 1.0, unreachable=server_down(exc), retry_after=asked)
         return PermanentError(msg)
     if server_down(exc):
         return TemporaryError(f"{type(exc).__name__}: {exc}", unreachable=True)

@@ -44,7 +44,7 @@ from healer.gang.records import (
 )
 from healer.kube.cache import ListWatchCache
 from healer.kube.cluster import STRICT
-from healer.kube.rest import MERGE_PATCH, Rest, path, retry_after
+from healer.kube.rest import MERGE_PATCH, Rest, path, retry_after, server_down
 from healer.kube.watch import PodInformer
 from healer.workloads import PodInfo
 
@@ -77,7 +77,7 @@ def map_error(exc: Exception) -> ClusterError:
             return ConflictError(message)
         if status == 429 or status >= 500:
             asked = retry_after(exc)
-            return TemporaryError(message, delay=asked or 1.0, unreachable=True, retry_after=asked)
+            return TemporaryError(message, delay=asked or 1.0, unreachable=server_down(exc), retry_after=asked)
         return PermanentError(message)
     if isinstance(exc, urllib3.exceptions.ReadTimeoutError | urllib3.exceptions.ProtocolError):
         # The request reached the server; it may have taken effect.

@@ -44,7 +44,8 @@ def server_down(exc: BaseException) -> bool:
     """The call failed for the server's availability: no answer (refused, reset, timed out, cut short) or a
     5xx/429 answer. A loop backs off on these; anything else (403, 404, 409, 422) is the request's own fault."""
     if isinstance(exc, ApiException):
-        return (exc.status or 0) == 429 or (exc.status or 0) >= 500
+        # An eviction a PodDisruptionBudget holds back is a 429 too: the answer to that request, not the server's.
+        return ((exc.status or 0) == 429 and "DisruptionBudget" not in (exc.body or "")) or (exc.status or 0) >= 500
     return isinstance(exc, urllib3.exceptions.HTTPError | socket.timeout | ConnectionError | TimeoutError)
 
 
