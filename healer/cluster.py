@@ -22,9 +22,15 @@ class ClusterConfigError(ClusterError):
 class TemporaryError(ClusterError):
     """Retry later (409 conflict, 429, 5xx, timeouts); `delay` is a hint in seconds."""
 
-    def __init__(self, message: str, delay: float = 1.0) -> None:
+    def __init__(self, message: str, delay: float = 1.0, *, unreachable: bool = False,
+                 retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.delay = delay
+        self.unreachable = unreachable
+        """The server did not answer (refused, reset, timed out) or answered 5xx/429: a loop backs off, and the
+        outage is said once (``healer.reach``), not per call."""
+        self.retry_after = retry_after
+        """Seconds the server asked for (``Retry-After``); 0 when it did not say."""
 
 
 class PermanentError(ClusterError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from healer.cluster import ClusterError, TemporaryError
+from healer.reach import Repeats
 
 log = logging.getLogger("kmend.lease")
 
@@ -96,6 +97,7 @@ class LeaderElector:
         self._held: LeaseRecord | None = None
         self._ticking = threading.Lock()
         self.on_change: Callable[[LeaseRecord | None], None] | None = None
+        self._repeats = Repeats()
 
     def is_leader(self) -> bool:
         """Holding the lease, renewed within its duration by the local clock."""
@@ -139,8 +141,11 @@ class LeaderElector:
             self._set(None)
             return False
         except ClusterError as exc:
-            # Without a successful renewal the lease lapses by itself; keep acting only while it is fresh.
-            log.warning("could not renew lease %s/%s: %s", self.namespace, self.name, exc)
+            # Without a successful renewal the lease lapses by itself; keep acting only while it is fresh. An API
+            # server that does not answer is said once by the client (``healer.reach``), not on every tick; any
+            # other error (a 403) is said when it first comes and when it changes.
+            if not (isinstance(exc, TemporaryError) and exc.unreachable) and self._repeats.new(exc):
+                log.warning("could not renew lease %s/%s: %s", self.namespace, self.name, exc)
             return self.is_leader()
 
     def release(self) -> None:
@@ -152,6 +157,8 @@ class LeaderElector:
         self._set(None)
 
     def _set(self, lease: LeaseRecord | None) -> None:
+        if lease is not None:
+            self._repeats.cleared()
         changed = (lease is None) != (self._held is None)
         self._held = lease
         if changed and self.on_change is not None:

@@ -157,6 +157,7 @@ def kube_gang_scheduler(settings: Settings, cluster: Cluster, is_leader: Callabl
                               config=SchedulerConfig(scheduler_name=settings.scheduler_name), metrics=counted)
     kube.on_change = scheduler.notice  # a gang arriving through the pod watch is placed at once
     kube.on_groups_change = scheduler.wake  # ... and one whose PodGroup arrives after its pods
+    kube.rest.reach.on_return.append(scheduler.wake)  # ... and a cycle backing off runs when the API server is back
     return scheduler
 
 

@@ -31,6 +31,7 @@ from healer.lease import AlwaysLeader
 from healer.notify import Notifier
 from healer.policy import PolicyConfig
 from healer.policy_file import PolicyFile, load_policy
+from healer.reach import Backoff, Reachability, Repeats, outage_wait, report
 from healer.records import Plan, PlanState
 from healer.steps.base import RepairRequest, StepContext
 from healer.workloads import Workloads
@@ -116,6 +117,10 @@ class Kmend:
         self.clock = clock
         self.window_s = correlation_window_s
         self.scheduler = scheduler
+        self.reach: Reachability | None = getattr(cluster, "reach", None)  # the real API server, as adapters see it
+        self._round_backoff, self._repeats = Backoff(), {"round": Repeats(), "gauges": Repeats()}
+        if self.reach is not None:
+            self.reach.on_return.append(self.wake)  # a round backing off starts again as soon as the server answers
         self.detectors = DetectorSuite(progress_rules, hang=hang, straggler=straggler,
                                        flight_recorder_settle_s=flight_recorder_settle_s)
         self.signals = SignalEvaluator(signal_rules or SignalRules(), xid_rules=self.rules)
@@ -443,8 +448,8 @@ class Kmend:
                 self.heal_once(interrupted=self._wake.is_set, detach=True)
                 self.metrics.healer_round.set_to_current_time()
                 more = self.healing.backlog > 0
-            except Exception:
-                log.exception("healer round failed")
+            except Exception as exc:  # an API server that does not answer is said once, whichever loop meets it
+                report(exc, "healer round failed", self.reach, self._repeats["round"], log)
             # After the round, not before it: a due evaluation of every job's detectors must not sit between an
             # ingested Xid and its cordon. What it finds wakes the next round at once.
             try:
@@ -457,8 +462,11 @@ class Kmend:
                 self._next_gauges = self.clock() + 10.0
                 try:
                     self.refresh_gauges()
-                except Exception:
-                    log.exception("metrics refresh failed")
+                except Exception as exc:
+                    report(exc, "metrics refresh failed", self.reach, self._repeats["gauges"], log)
+            if (outage := outage_wait(self.reach, self._round_backoff)) is not None:
+                self._wake.wait(outage)  # nothing a round does reaches the cluster: wait longer each time
+                continue
             if not more:
                 self._wake.wait(pause(self.healing.restored.left, time.monotonic() - began, self.healer.interval_s))
 

@@ -30,7 +30,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -38,14 +38,17 @@ from tests import fake_rules, fake_schema
 from tests.fake_apiserver_objects import ObjectRoutes, rbac_verb
 from tests.fake_pods import pod_routes
 from tests.fake_rbac import RoleRules
+from tests.fake_serving import Server, StartupWindow
 from tests.fake_watch import PodWatchLog
 
 
 class FakeApiServer:
     """Serve on 127.0.0.1:<free port>; `url` is the base URL for a kubeconfig/Configuration."""
 
-    def __init__(self, *, rbac: RoleRules | None = None) -> None:
+    def __init__(self, *, rbac: RoleRules | None = None, startup_s: float = 0.0, startup_requests: int = 0,
+                 role: str = "kmend") -> None:
         self.rbac = rbac
+        self.startup = StartupWindow(startup_s, rbac, role, at_least=startup_requests)  # a real server's first moments
         """When set, clients authenticate with its token and may only do what its rules grant (403 otherwise),
         as a real API server does for a ServiceAccount bound to a ClusterRole."""
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -81,10 +84,12 @@ class FakeApiServer:
             def log_message(self, *args: Any) -> None:
                 return None
 
-            def _send(self, code: int, body: dict[str, Any], warning: str | None = None) -> None:
+            def _send(self, code: int, body: dict[str, Any], warning: str | None = None,
+                      headers: dict[str, str] | None = None) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                for key, value in {"Content-Type": "application/json", **(headers or {})}.items():
+                    self.send_header(key, value)
                 if warning is not None:
                     escaped = warning.replace('"', '\\"')
                     self.send_header("Warning", f'299 - "{escaped}"')  # as the API server quotes it
@@ -108,6 +113,9 @@ class FakeApiServer:
                 watching = method == "GET" and query.get("watch") in ("true", "1")
                 # Only what clients send, not the test controls; a watch is its own verb for RBAC.
                 server.requests.append(("WATCH" if watching else method, path))
+                if (early := server.startup.refusal("WATCH" if watching else method, path)) is not None:
+                    self._send(*early)
+                    return
                 if server.rbac is not None:
                     refused = server.rbac.refuse(self.headers.get("Authorization"), "WATCH" if watching else method,
                                                  path)
@@ -157,17 +165,27 @@ class FakeApiServer:
             def do_PUT(self) -> None:
                 self._handle("PUT")
 
-        self.httpd = _Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._handler = Handler
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> FakeApiServer:
-        self._thread.start()
+        self.httpd.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.httpd.stop()
+
+    def down(self) -> None:
+        """The server stops as a killed one does: port closed, open connections and watches reset; objects kept."""
+        self.httpd.stop()
+
+    def up(self, *, startup_s: float | None = None) -> None:
+        """Start again on the same port with the same objects, through the start-up window again (``startup_s``)."""
+        self.startup = self.startup.again(startup_s)
+        self.httpd = Server(("127.0.0.1", self.port), self._handler)
+        self.httpd.start()
 
     def _versions(self) -> Iterator[int]:
         for n in itertools.count(100):
@@ -460,12 +478,6 @@ class FakeApiServer:
 
 
 _MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")
-
-
-class _Server(ThreadingHTTPServer):
-    # A real server's accept queue is deep; the default of 5 drops connections under a burst of parallel
-    # clients, and each dropped SYN costs the client a one-second retransmit.
-    request_queue_size = 1024
 
 
 def _now() -> str:

@@ -60,12 +60,23 @@ class RoleRules:
         name = _object_name(parts)
         if v is None or self.allows(*v, namespace=namespace, name=name):
             return None
+        return self.forbidden(method, path)
+
+    def forbidden(self, method: str, path: str, why: str = "") -> tuple[int, dict[str, Any]] | None:
+        """The 403 the server answers this request with when no rule grants it (``why`` is the authorizer's reason,
+        appended as the server appends it); None for a path RBAC does not cover."""
+        v = rbac_verb(method, path)
+        if v is None:
+            return None
+        parts = path.strip("/").split("/")
+        namespace = parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-1] else None
+        name = _object_name(parts)
         group, resource, verb = v
         scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
         # As the server words it: `leases.coordination.k8s.io "kmend-healer" is forbidden`, `nodes is forbidden`.
         what = resource.split("/")[0] + (f".{group}" if group else "") + (f' "{name}"' if name else "")
         return _status(403, "Forbidden", f'{what} is forbidden: User "{self.user}" cannot {verb} resource '
-                                         f'"{resource}" in API group "{group}" {scope}')
+                                         f'"{resource}" in API group "{group}" {scope}' + (f": {why}" if why else ""))
 
 
 def _object_name(parts: list[str]) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -437,3 +438,43 @@ def test_status_in_a_write_of_a_custom_resource_or_job_itself_is_dropped(
         assert code == 200, out
         stored = server.object(group, version, plural, "team-a", name) or {}
         assert stored["metadata"]["annotations"]["kmend.io/x"] == "y" and stored.get("status") == before, stored
+
+
+def test_a_starting_server_refuses_before_its_roles_load_and_throttles_with_retry_after() -> None:
+    """Seen on kube-apiserver v1.36.2 in its first ~0.1 s: 403 with the authorizer's `RBAC: clusterrole... not
+    found` (the bootstrap roles are not loaded yet) and 429 `Too many requests` with `Retry-After: 1`; then the
+    request the role grants is served."""
+    user = "system:serviceaccount:kmend-system:kmend"
+    rbac = RoleRules([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}], token="t", user=user)
+    with FakeApiServer(rbac=rbac, startup_s=0.0, startup_requests=2) as server:
+        server.add_node("gpu-1")
+        cfg = client.Configuration(host=server.url)
+        cfg.api_key = {"authorization": "Bearer t"}
+        cfg.retries = False  # see each answer as the server gives it (the client would sleep through a 429 itself)
+        api = client.CoreV1Api(client.ApiClient(cfg))
+        with pytest.raises(ApiException) as err:
+            api.list_node()
+        assert err.value.status == 403
+        assert json.loads(err.value.body)["message"] == (
+            f'nodes is forbidden: User "{user}" cannot list resource "nodes" in API group "" at the cluster scope: '
+            'RBAC: clusterrole.rbac.authorization.k8s.io "kmend" not found')
+        with pytest.raises(ApiException) as err:
+            api.list_node()
+        assert err.value.status == 429 and (err.value.headers or {}).get("Retry-After") == "1"
+        assert json.loads(err.value.body)["reason"] == "TooManyRequests"
+        assert [n.metadata.name for n in api.list_node().items] == ["gpu-1"]
+
+
+def test_a_stopped_server_refuses_connections_and_comes_back_on_its_port_with_its_objects() -> None:
+    with FakeApiServer() as server:
+        server.add_node("gpu-1")
+        cfg = client.Configuration(host=server.url)
+        cfg.retries = False
+        api = client.CoreV1Api(client.ApiClient(cfg))
+        api.read_node("gpu-1")  # a pooled keep-alive connection, reset by the stop
+        server.down()
+        with pytest.raises(urllib3.exceptions.HTTPError) as refused:
+            api.read_node("gpu-1")
+        assert "Connection refused" in str(refused.value) or "reset" in str(refused.value).lower(), refused.value
+        server.up()
+        assert api.read_node("gpu-1").metadata.name == "gpu-1"

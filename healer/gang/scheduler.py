@@ -29,6 +29,7 @@ from healer.gang.port import (
 from healer.gang.records import PodRecord
 from healer.gang.reservations import ReservationBook
 from healer.gang.statement import Binding
+from healer.reach import Backoff, Repeats
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class GangScheduler:
         """Pods, nodes and PodGroups kept between cycles; each cycle reads the changes since the last."""
         self._told: dict[str, tuple[str, float]] = {}
         self._wake = threading.Event()
+        self._backoff = Backoff()
+        self._repeats = Repeats()
 
     def notice(self, pod: PodRecord) -> None:
         """A pod changed (the port's watch saw it): a pod of ours waiting for a node starts a cycle now."""
@@ -123,9 +126,22 @@ class GangScheduler:
             try:
                 self.run_once(woken=woken)
             except ClusterError as exc:
-                log.warning("gang scheduling cycle failed: %s", exc)
+                unreachable = isinstance(exc, TemporaryError) and exc.unreachable
+                # An API server that does not answer is said once by the port (``healer.reach``); another error
+                # (a 403 before RBAC is loaded, or for good) is said when it comes and when it changes. Either way
+                # the next cycle waits longer while they go on, and at least what the server asked for.
+                if not unreachable and self._repeats.new(exc):
+                    log.warning("gang scheduling cycle failed: %s", exc)
+                asked = exc.retry_after if isinstance(exc, TemporaryError) else 0.0
+                if cycled is not None:
+                    cycled.set()
+                self._wake.wait(self._backoff.next(max(asked, period_s if not unreachable else 0.0)))
+                continue
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("gang scheduling cycle crashed")
+            else:
+                self._backoff.reset()
+                self._repeats.cleared()
             if cycled is not None:
                 cycled.set()
             self._wake.wait(period_s)

@@ -23,6 +23,9 @@ from typing import Any, Generic, TypeVar
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from healer.kube.rest import retry_after, server_down
+from healer.reach import CAP_S, Backoff, Repeats
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -68,6 +71,7 @@ class ListWatchCache(Generic[T]):
         self.read_timeout_s = read_timeout_s
         """Longest wait for a byte on the stream; bounds how long ``stop`` takes."""
         self.retry_s = retry_s
+        """The first wait after a failed list or watch (doubled while failures go on)."""
         self.absent_retry_s = absent_retry_s
         """How often a kind the server does not serve (404) is listed again."""
         self.on_change = on_change
@@ -92,6 +96,9 @@ class ListWatchCache(Generic[T]):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stream: Any = None
+        self._backoff = Backoff(first_s=retry_s, cap_s=max(CAP_S, retry_s))
+        """The wait after a failed list or watch: ``retry_s``, doubling while failures go on, up to ``CAP_S``."""
+        self._repeats = Repeats()
 
     def start(self) -> None:
         """List every object, then watch from the list's version in a daemon thread."""
@@ -168,8 +175,14 @@ class ListWatchCache(Generic[T]):
                     relist = True
                     continue
                 if not isinstance(exc, urllib3.exceptions.ReadTimeoutError):
-                    log.warning("%s watch failed, retrying in %.1fs: %s", self.name, self.retry_s, exc)
-                    self._stop.wait(self.retry_s)
+                    # Waits grow while the server stays away (its outage is logged once, by the client's requests);
+                    # an error of the request itself (a 403) is said once while it repeats, and retried all the same.
+                    asked = retry_after(exc) if isinstance(exc, ApiException) else 0.0
+                    wait = self._backoff.next(asked)
+                    if not server_down(exc) and self._repeats.new(exc):
+                        log.warning("%s watch failed, retrying: %s", self.name, exc)
+                    log.debug("%s watch failed, retrying in %.1fs: %s", self.name, wait, exc)
+                    self._stop.wait(wait)
                     relist = relist or self.absent
 
     def _list(self) -> None:
@@ -218,6 +231,8 @@ class ListWatchCache(Generic[T]):
                                  _preload_content=False, _request_timeout=(self.timeout_s, self.read_timeout_s))
         self._stream = resp
         self._watching = True
+        self._backoff.reset()
+        self._repeats.cleared()
         try:
             for event in events(resp):
                 if self._stop.is_set():

@@ -9,7 +9,6 @@ through the ``status`` subresource (strategic merge keyed by ``type``).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -35,6 +34,7 @@ from healer.cluster import (
 )
 from healer.keys import MANAGED_LABEL
 from healer.kube.cache import ListWatchCache
+from healer.kube.rest import NODES, Rest, reachability, retry_after, server_down
 
 T = TypeVar("T")
 _CONFLICT_RETRIES = 5
@@ -54,15 +54,11 @@ def translate(exc: Exception) -> Exception:
         if status == 404:
             return NotFoundError(msg)
         if status in (409, 429) or status >= 500:
-            retry_after = 1.0
-            headers = exc.headers or {}
-            if "Retry-After" in headers:
-                with contextlib.suppress(ValueError):
-                    retry_after = float(headers["Retry-After"])
-            return TemporaryError(msg, delay=retry_after)
+            asked = retry_after(exc)
+            return TemporaryError(msg, delay=asked or 1.0, unreachable=server_down(exc), retry_after=asked)
         return PermanentError(msg)
-    if isinstance(exc, urllib3.exceptions.HTTPError | socket.timeout | ConnectionError | TimeoutError):
-        return TemporaryError(f"{type(exc).__name__}: {exc}")
+    if server_down(exc):
+        return TemporaryError(f"{type(exc).__name__}: {exc}", unreachable=True)
     return exc
 
 
@@ -120,6 +116,8 @@ class KubeCluster:
         self.component = component
         self.timeout = request_timeout_s
         self.host = socket.gethostname()
+        self.reach = reachability(api)
+        """Whether the API server answers, as every adapter on this client sees it (the healer backs off on it)."""
 
     @functools.cached_property
     def core(self) -> client.CoreV1Api:
@@ -145,6 +143,11 @@ class KubeCluster:
         # The client sizes its pool by the host's CPUs (5 per CPU): a pod limited to one CPU would get 5, fewer than
         # the scheduler's bind workers, and every bind beyond them would open (and handshake) a connection of its own.
         cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, CONNECTION_POOL_SIZE)
+        # urllib3 would try a refused connection three more times at once, logging each, and sleep through a 429's
+        # Retry-After inside the call: the loops back off instead (``healer.reach``), for as long as the server
+        # asks. A read error on a reused connection is still tried once more (idempotent requests only).
+        cfg.retries = urllib3.util.Retry(total=1, connect=0, read=1, redirect=0, status=0,
+                                         respect_retry_after_header=False)
         return cls(client.ApiClient(cfg), **kwargs)
 
     def list_nodes(self, labels: Mapping[str, str] | None = None) -> Sequence[NodeInfo]:
@@ -162,7 +165,7 @@ class KubeCluster:
     def _cached_nodes(self) -> ListWatchCache[NodeInfo]:
         with self._nodes_lock:
             if self._nodes is None:
-                cache = ListWatchCache("node", self.core.list_node, self._info_json, timeout_s=self.timeout)
+                cache = ListWatchCache("node", Rest(self.api).lister(NODES), self._info_json, timeout_s=self.timeout)
                 call_api(cache.start)
                 self._nodes = cache
             return self._nodes

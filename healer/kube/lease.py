@@ -12,6 +12,7 @@ import datetime as dt
 import json
 from typing import Any
 
+import urllib3
 from kubernetes.client.api_client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
@@ -47,7 +48,7 @@ class KubeLeases:
             if exc.status == 404:
                 return None
             raise translate(exc) from exc
-        except OSError as exc:
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # no answer: refused, reset, timed out
             raise translate(exc) from exc
 
     def create(self, lease: LeaseRecord) -> LeaseRecord:
@@ -76,7 +77,7 @@ class KubeLeases:
             if exc.status == 409:
                 raise LeaseConflict(f"409 Conflict: lease {lease.namespace}/{lease.name}: {exc.reason}") from exc
             raise translate(exc) from exc
-        except OSError as exc:
+        except (urllib3.exceptions.HTTPError, OSError) as exc:  # no answer: refused, reset, timed out
             raise translate(exc) from exc
 
     @staticmethod

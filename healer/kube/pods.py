@@ -44,7 +44,7 @@ from healer.gang.records import (
 )
 from healer.kube.cache import ListWatchCache
 from healer.kube.cluster import STRICT
-from healer.kube.rest import MERGE_PATCH, Rest, path
+from healer.kube.rest import MERGE_PATCH, Rest, path, retry_after, server_down
 from healer.kube.watch import PodInformer
 from healer.workloads import PodInfo
 
@@ -76,15 +76,14 @@ def map_error(exc: Exception) -> ClusterError:
         if status == 409:
             return ConflictError(message)
         if status == 429 or status >= 500:
-            retry_after = (exc.headers or {}).get("Retry-After", "1")
-            delay = float(retry_after) if str(retry_after).isdigit() else 1.0
-            return TemporaryError(message, delay=delay)
+            asked = retry_after(exc)
+            return TemporaryError(message, delay=asked or 1.0, unreachable=server_down(exc), retry_after=asked)
         return PermanentError(message)
     if isinstance(exc, urllib3.exceptions.ReadTimeoutError | urllib3.exceptions.ProtocolError):
         # The request reached the server; it may have taken effect.
-        return UncertainError(str(exc))
+        return UncertainError(str(exc), unreachable=True)
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        return TemporaryError(str(exc))
+        return TemporaryError(str(exc), unreachable=True)
     raise exc
 
 

@@ -13,6 +13,8 @@ connections — and sends the request itself: a path, a query, a JSON body. Erro
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -20,6 +22,8 @@ from urllib.parse import quote, urlencode
 import urllib3
 from kubernetes.client.api_client import ApiClient
 from kubernetes.client.exceptions import ApiException
+
+from healer.reach import Reachability
 
 Json = dict[str, Any]
 Timeout = float | tuple[float, float] | None
@@ -34,6 +38,38 @@ _QUERY_NAMES = {"_continue": "continue", "field_selector": "fieldSelector", "lab
                 "timeout_seconds": "timeoutSeconds", "field_validation": "fieldValidation", "limit": "limit",
                 "watch": "watch"}
 """The generated methods' keyword → the API's query parameter."""
+
+
+def server_down(exc: BaseException) -> bool:
+    """The call failed for the server's availability: no answer (refused, reset, timed out, cut short) or a
+    5xx/429 answer. A loop backs off on these; anything else (403, 404, 409, 422) is the request's own fault."""
+    if isinstance(exc, ApiException):
+        # An eviction a PodDisruptionBudget holds back is a 429 too: the answer to that request, not the server's.
+        return ((exc.status or 0) == 429 and "DisruptionBudget" not in (exc.body or "")) or (exc.status or 0) >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | socket.timeout | ConnectionError | TimeoutError)
+
+
+def retry_after(exc: ApiException) -> float:
+    """The seconds a ``Retry-After`` header of the answer asks for (a 429 or 503 has one); 0 without one."""
+    for key, value in (exc.headers or {}).items():
+        if key.lower() == "retry-after":
+            with contextlib.suppress(ValueError):
+                return max(0.0, float(value))
+    return 0.0
+
+
+def reachability(api: ApiClient) -> Reachability:
+    """The one ``Reachability`` of the server ``api`` talks to, shared by every adapter built on that client: an
+    outage is said once, whichever loop meets it first."""
+    found = getattr(api, "kmend_reachability", None)
+    if not isinstance(found, Reachability):
+        found = Reachability(api.configuration.host)
+        setattr(api, "kmend_reachability", found)  # noqa: B010 - kept with the client it describes
+    return found
+
+
+NODES = "/api/v1/nodes"
+"""Nodes, cluster-scoped."""
 
 
 def path(*parts: str) -> str:
@@ -51,6 +87,8 @@ class Rest:
     def __init__(self, api: ApiClient) -> None:
         self.api = api
         self.host = api.configuration.host.rstrip("/")
+        self.reach = reachability(api)
+        """Told of every answer and of every call the server's availability failed."""
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", **self.api.default_headers}
@@ -72,11 +110,22 @@ class Rest:
             url += "?" + urlencode({k: _query_value(v) for k, v in query.items() if v is not None})
         if body is not None and content_type is None:
             content_type = "application/json"
-        resp = self.api.rest_client.request(  # type: ignore[no-untyped-call]
-            method, url, headers=self._headers(content_type), body=body, _request_timeout=timeout)
+        try:
+            resp = self.api.rest_client.request(  # type: ignore[no-untyped-call]
+                method, url, headers=self._headers(content_type), body=body, _request_timeout=timeout)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if server_down(exc):
+                self.reach.failed(getattr(exc, "reason", None) or exc)  # urllib3's last error, not its retry count
+            raise
         if not 200 <= resp.status <= 299:
             resp.read()
-            raise ApiException.from_response(http_resp=resp, body=resp.data.decode("utf-8", "replace"), data=None)
+            refused = ApiException.from_response(http_resp=resp, body=resp.data.decode("utf-8", "replace"), data=None)
+            if server_down(refused):
+                self.reach.failed(f"{refused.status} {refused.reason}: {resp.data.decode('utf-8', 'replace')[:200]}")
+            else:
+                self.reach.answered()
+            raise refused
+        self.reach.answered()
         raw: urllib3.BaseHTTPResponse = resp.response
         return raw
 
