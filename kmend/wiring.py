@@ -25,9 +25,10 @@ from healer.policy import PolicyConfig
 from healer.policy_file import load_policy
 from healer.workloads import Workloads
 from kmend.early import Early, Ports, cluster_choice, kube_gang_scheduler, kube_ports, make_leader
+from kmend.healer_config import HealerConfig
 from kmend.healing import Leader
 from kmend.metrics import Metrics
-from kmend.service import HealerConfig, Kmend
+from kmend.service import Kmend
 from kmend.settings import Settings
 from kmend.store import Store
 from kmend.store.retention import Retention
