@@ -104,7 +104,7 @@ def test_a_summary_crosses_the_wire_through_both_decoders() -> None:
     [s] = w.flush()
     raw = gzip.decompress(encode_batch([s]))
     fast = decode_fast(raw)
-    assert fast is not None and fast[0] == [s]
+    assert fast is not None and list(fast[0]) == [s]
     [slow] = [to_record(x) for x in SignalBatch.model_validate(json.loads(raw)).signals]
     assert slow == s and to_wire(slow) == to_wire(s)
 
