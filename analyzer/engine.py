@@ -305,9 +305,7 @@ class MultiMatcher:
             if at > stop:
                 line += int(np.count_nonzero(newline[pos:at]))
                 pos = at
-                start = data.rfind(b"\n", 0, at) + 1
-                stop = data.find(b"\n", at)
-                stop = len(data) if stop < 0 else stop
+                start, stop = _line_around(data, at)
                 line_bytes = data[start:stop]
                 seen = set()
             if rule_no in seen:
@@ -342,9 +340,7 @@ class MultiMatcher:
         for end, rule_no in hits:
             at = end - 1 if end else 0  # a match ending right after a newline belongs to the line before
             if at > stop:
-                start = data.rfind(b"\n", 0, at) + 1
-                stop = data.find(b"\n", at)
-                stop = len(data) if stop < 0 else stop
+                start, stop = _line_around(data, at)
                 line_bytes = data[start:stop]
                 try:
                     nxt = lines.index(line_bytes.decode("ascii"), after)
@@ -441,6 +437,12 @@ class MultiMatcher:
 def _collect(rule_no: int, _start: int, end: int, _flags: int, hits: list[tuple[int, int]]) -> None:
     """Hyperscan's match callback: (end offset, rule) into the list given as the scan's context."""
     hits.append((end, rule_no))
+
+
+def _line_around(data: bytes, at: int) -> tuple[int, int]:
+    """Start and end (exclusive, at its newline or the buffer's end) of the line of ``data`` holding offset ``at``."""
+    stop = data.find(b"\n", at)
+    return data.rfind(b"\n", 0, at) + 1, len(data) if stop < 0 else stop
 
 
 def _line_starts(lines: Sequence[str]) -> list[int]:
