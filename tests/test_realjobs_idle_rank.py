@@ -110,7 +110,8 @@ def test_a_silent_lightning_jobs_rank_that_sleeps_every_step_is_a_straggler_and_
     assert of_class(incs, "hang") == [], incs
     stragglers = of_class(incs, "straggler")
     assert stragglers and all(_named(i) == {1} for i in stragglers), [(i["fault_class"], i["root_cause"]) for i in incs]
-    [f] = [f for f in stragglers[0]["findings"] if f["fields"].get("basis") == "stacks"]
-    assert f["fields"]["progress"].startswith("none recent"), f["fields"]
+    # One finding per episode: over the 70 s a survey may fall under the bounds once and the rank be named again.
+    found = [f for f in stragglers[0]["findings"] if f["fields"].get("basis") == "stacks"]
+    assert found and all(f["fields"]["progress"].startswith("none recent") for f in found), found
     print(f"silent Lightning job: rank 1 named a straggler {named:.1f} s after launch")
     assert named <= SILENT_TARGET_S, named
