@@ -62,12 +62,13 @@ def test_a_silent_jobs_rank_its_running_peers_wait_for_is_named_from_the_surveys
     [f] = d2.evaluate(51.0)
     assert f.fault_class is FaultClass.STRAGGLER and (f.where.job, f.where.rank, f.where.node) == ("lit", 1, "n0")
     assert f.fields["progress"].startswith("none recent") and f.fields["where"] == "code"
-    # A job whose steps stopped long ago (a loop that logs once an epoch) is judged the same way.
+    # A run that printed steps and then stopped is not judged in its silence: it may be hanging (the real HF Trainer
+    # whose rank 1 was stopped had it named a straggler beside its hang before this), the hang detector's.
     book = JobBook()
     for r in range(2):
         book.observe_progress(ProgressEvent(job="lit", rank=r, node="n0", ts=0.0, kind=ProgressKind.STEP, step=1,
                                             namespace="train"))
-    assert _surveys(SurveyDetector(book), 3, {0: WAITS, 1: SLOW}) == [(1, 1)]
+    assert _surveys(SurveyDetector(book), 3, {0: WAITS, 1: SLOW}) == []
 
 
 def test_a_silent_job_whose_peers_sit_in_one_collective_or_that_an_old_agent_surveyed_names_nobody() -> None:

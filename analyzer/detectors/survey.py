@@ -17,12 +17,14 @@ each rank's main thread could not run (``collector.sched``: stopped, or runnable
 share of that is `ratio` times its peers' median and `held_gap` above every peer's, while its peers wait in the
 collectives, is named the same way (a rank stopped nearly the whole window is a hang, the hang detector's).
 
-A job that prints no progress (a progress bar that draws nothing without a terminal, a loop that logs once an epoch)
-has no recent step in the book; it is judged from the surveys alone, by the same rules, while they show it running
+A job that prints no progress (a progress bar that draws nothing without a terminal) has no step in the book; it is
+judged from the surveys alone, by the same rules, while they show it running
 rather than hung: every peer of the rank judged showed at least `min_stacks` distinct main-thread stacks in its
 survey, some of its samples in the collectives and at least `min_outside` of them out of them (it enters and leaves
 them: a hung job's peers sit in one collective, one stack, every sample). Surveys from agents that do not count
-stacks leave such a job unjudged, and so does a silence the hang detector called a hang (``hung``).
+stacks leave such a job unjudged, and so does a silence the hang detector called a hang (``hung``). A run that has
+printed steps and stopped is not judged in its silence (as before): it may be hanging, and a rank stopped partway
+through a survey's window looks held back.
 """
 
 from __future__ import annotations
@@ -146,8 +148,11 @@ class SurveyDetector:
             last = max((r.last_ts for r in state.ranks.values()), default=0.0)
             fresh = {r: s for r, s in self._jobs[key].items() if now - s.ts <= cfg.max_age_s}
             ranks = {r: s for r, s in fresh.items() if s.samples >= cfg.min_samples}
-            silent = now - last > cfg.idle_s
-            if len(fresh) < 2 or not ranks or (silent and self.hung(key)):
+            # Judged from the surveys alone only while the run has printed no step: a run whose steps stopped may be
+            # hanging (a rank stopped partway through a survey looks held back), which is the hang detector's.
+            idle = now - last > cfg.idle_s
+            silent = idle and not state.steps_seen
+            if len(fresh) < 2 or not ranks or (idle and (state.steps_seen or self.hung(key))):
                 continue
             for r, s in fresh.items():
                 if s.ts <= s.counted:
