@@ -4,6 +4,7 @@ one pod per rank written as CRI files; `kmend serve` and `kmend agent` as separa
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -34,11 +35,20 @@ def _stalled(pid: int) -> bool:
 
 def test_a_job_that_ended_before_the_agent_started_raises_nothing(tmp_path: Path) -> None:
     with running_kmend(tmp_path, agents=False) as k:
-        job = Job(k.pods, "ddp-early", "plain_ddp.py", steps=60, world=2)
-        try:
-            assert job.wait(90) == [0, 0], job.output()
-        finally:
-            job.stop()
+        for attempt in range(2):
+            job = Job(k.pods, "ddp-early", "plain_ddp.py", steps=60, world=2)
+            try:
+                codes = job.wait(90)
+            finally:
+                job.stop()
+            if codes == [0, 0]:
+                break
+            # Under load PyTorch's gloo teardown now and then aborts a rank at exit, after its last step ("terminate
+            # called without an active exception", SIGABRT): a job that did not end cleanly is not this test's case.
+            # Run it again, the first pods' logs removed before any agent reads them.
+            assert attempt == 0 and any("terminate called" in p.text() for p in job.pods), job.output()
+            for p in job.pods:
+                shutil.rmtree(p.log.path.parent.parent)
         k.start_agents()  # reads the finished pods' logs: old step lines, and no process will ever exit
         deadline = time.monotonic() + 60
         while k.progress_received() < 2:  # both ranks' steps reached the service
