@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -297,28 +297,19 @@ class MultiMatcher:
         # Only hit positions are resolved (newlines counted between consecutive hits), so the cost
         # is the hits, not the lines of the block; a line is confirmed once per rule that hit it.
         line = pos = 0
-        stop = -1
-        seen: set[int] = set()
-        line_bytes = b""
-        for end, rule_no in hits:
-            at = end - 1 if end else 0  # a match ending right after a newline belongs to the line before
-            if at > stop:
-                line += int(np.count_nonzero(newline[pos:at]))
-                pos = at
-                start, stop = _line_around(data, at)
-                line_bytes = data[start:stop]
-                seen = set()
-            if rule_no in seen:
-                continue
-            seen.add(rule_no)
-            if texts is not None:
-                groups = confirm[rule_no].text(texts[line])
-            elif line_bytes.isascii():
-                groups = confirm[rule_no].ascii(line_bytes, hit=True)
-            else:
-                groups = confirm[rule_no].text(line_bytes.decode("utf-8", "replace"))
-            if groups is not None:
-                found.append((first + line, rule_no, groups))
+        for start, stop, rules in _hit_lines(data, hits):
+            line += int(np.count_nonzero(newline[pos:start]))
+            pos = start
+            line_bytes = data[start:stop]
+            for rule_no in rules:
+                if texts is not None:
+                    groups = confirm[rule_no].text(texts[line])
+                elif line_bytes.isascii():
+                    groups = confirm[rule_no].ascii(line_bytes, hit=True)
+                else:
+                    groups = confirm[rule_no].text(line_bytes.decode("utf-8", "replace"))
+                if groups is not None:
+                    found.append((first + line, rule_no, groups))
         return True
 
     def _by_text(self, data: bytes, lines: Sequence[str], first: int, hits: list[tuple[int, int]],
@@ -334,29 +325,20 @@ class MultiMatcher:
         confirm = self._confirm
         line = off = 0  # a line of the batch and the offset its text starts at in the buffer
         after = 0  # where the next hit line's text is looked for (lines repeat: past the last hit line)
-        stop = -1
-        seen: set[int] = set()
-        line_bytes = b""
-        for end, rule_no in hits:
-            at = end - 1 if end else 0  # a match ending right after a newline belongs to the line before
-            if at > stop:
-                start, stop = _line_around(data, at)
-                line_bytes = data[start:stop]
-                try:
-                    nxt = lines.index(line_bytes.decode("ascii"), after)
-                except ValueError:
-                    return False
-                off += sum(map(len, lines[line:nxt])) + nxt - line
-                if off != start:
-                    return False
-                line, after = nxt, nxt + 1
-                seen = set()
-            if rule_no in seen:
-                continue
-            seen.add(rule_no)
-            groups = confirm[rule_no].ascii(line_bytes, hit=True)
-            if groups is not None:
-                found.append((first + line, rule_no, groups))
+        for start, stop, rules in _hit_lines(data, hits):
+            line_bytes = data[start:stop]
+            try:
+                nxt = lines.index(line_bytes.decode("ascii"), after)
+            except ValueError:
+                return False
+            off += sum(map(len, lines[line:nxt])) + nxt - line
+            if off != start:
+                return False
+            line, after = nxt, nxt + 1
+            for rule_no in rules:
+                groups = confirm[rule_no].ascii(line_bytes, hit=True)
+                if groups is not None:
+                    found.append((first + line, rule_no, groups))
         return True
 
     def scan_buffer(self, data: bytes) -> list[BufferMatch]:
@@ -372,35 +354,23 @@ class MultiMatcher:
         hits.sort()
         found: list[tuple[int, int, int, str, dict[str, str]]] = []
         confirm = self._confirm
-        start = stop = -1
-        raw = b""
-        text = ""
-        seen: set[int] = set()
-        for end, rule_no in hits:
-            at = end - 1 if end else 0
-            if at > stop:
-                start = data.rfind(b"\n", 0, at) + 1
-                stop = data.find(b"\n", at)
-                stop = len(data) if stop < 0 else stop
-                raw = data[start:stop].rstrip(b"\r")
-                whole = len(raw) == stop - start
-                text = ""
-                seen = set()
-            if rule_no in seen:
-                continue
-            seen.add(rule_no)
-            if raw.isascii():
-                groups = confirm[rule_no].ascii(raw, hit=whole)
-                if groups is not None and not text:
-                    text = raw.decode("ascii")
-            else:
-                text = text or raw.decode("utf-8", "replace")
-                groups = confirm[rule_no].text(text)
-            if groups is not None:
-                found.append((start, rule_no, stop, text, groups))
+        for start, stop, rules in _hit_lines(data, hits):
+            raw = data[start:stop].rstrip(b"\r")
+            whole = len(raw) == stop - start
+            text = ""
+            for rule_no in rules:
+                if raw.isascii():
+                    groups = confirm[rule_no].ascii(raw, hit=whole)
+                    if groups is not None and not text:
+                        text = raw.decode("ascii")
+                else:
+                    text = text or raw.decode("utf-8", "replace")
+                    groups = confirm[rule_no].text(text)
+                if groups is not None:
+                    found.append((start, rule_no, stop, text, groups))
         found.sort(key=_FIRST_TWO)
-        rules = self.rules
-        out = [BufferMatch(start, stop, text, rules[rule_no], groups) for start, rule_no, stop, text, groups in found]
+        out = [BufferMatch(start, stop, text, self.rules[rule_no], groups)
+               for start, rule_no, stop, text, groups in found]
         if self._residual:
             out.extend(self._scan_buffer_split(data, only=self._residual))
             out.sort(key=lambda b: (b.start, self._order[b.rule.id]))
@@ -439,10 +409,24 @@ def _collect(rule_no: int, _start: int, end: int, _flags: int, hits: list[tuple[
     hits.append((end, rule_no))
 
 
-def _line_around(data: bytes, at: int) -> tuple[int, int]:
-    """Start and end (exclusive, at its newline or the buffer's end) of the line of ``data`` holding offset ``at``."""
-    stop = data.find(b"\n", at)
-    return data.rfind(b"\n", 0, at) + 1, len(data) if stop < 0 else stop
+def _hit_lines(data: bytes, hits: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int, list[int]]]:
+    """Each line of ``data`` the sorted (end offset, rule) ``hits`` fall in, once: its start, its end (exclusive, at
+    its newline or the buffer's end) and the rules that hit it, each once, in the order they first did."""
+    start, stop = 0, -1
+    rules: list[int] = []
+    for end, rule_no in hits:
+        at = end - 1 if end else 0  # a match ending right after a newline belongs to the line before
+        if at > stop:
+            if rules:
+                yield start, stop, rules
+            start = data.rfind(b"\n", 0, at) + 1
+            stop = data.find(b"\n", at)
+            stop = len(data) if stop < 0 else stop
+            rules = []
+        if rule_no not in rules:
+            rules.append(rule_no)
+    if rules:
+        yield start, stop, rules
 
 
 def _line_starts(lines: Sequence[str]) -> list[int]:

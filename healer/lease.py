@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from healer.cluster import ClusterError, TemporaryError
-from healer.reach import Repeats
+from healer.reach import Repeats, unreachable
 
 log = logging.getLogger("kmend.lease")
 
@@ -144,7 +144,7 @@ class LeaderElector:
             # Without a successful renewal the lease lapses by itself; keep acting only while it is fresh. An API
             # server that does not answer is said once by the client (``healer.reach``), not on every tick; any
             # other error (a 403) is said when it first comes and when it changes.
-            if not (isinstance(exc, TemporaryError) and exc.unreachable) and self._repeats.new(exc):
+            if not unreachable(exc) and self._repeats.new(exc):
                 log.warning("could not renew lease %s/%s: %s", self.namespace, self.name, exc)
             return self.is_leader()
 

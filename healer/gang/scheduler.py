@@ -29,7 +29,7 @@ from healer.gang.port import (
 from healer.gang.records import PodRecord
 from healer.gang.reservations import ReservationBook
 from healer.gang.statement import Binding
-from healer.reach import Backoff, Repeats
+from healer.reach import Backoff, Repeats, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -126,16 +126,16 @@ class GangScheduler:
             try:
                 self.run_once(woken=woken)
             except ClusterError as exc:
-                unreachable = isinstance(exc, TemporaryError) and exc.unreachable
+                down = unreachable(exc)
                 # An API server that does not answer is said once by the port (``healer.reach``); another error
                 # (a 403 before RBAC is loaded, or for good) is said when it comes and when it changes. Either way
                 # the next cycle waits longer while they go on, and at least what the server asked for.
-                if not unreachable and self._repeats.new(exc):
+                if not down and self._repeats.new(exc):
                     log.warning("gang scheduling cycle failed: %s", exc)
                 asked = exc.retry_after if isinstance(exc, TemporaryError) else 0.0
                 if cycled is not None:
                     cycled.set()
-                self._wake.wait(self._backoff.next(max(asked, period_s if not unreachable else 0.0)))
+                self._wake.wait(self._backoff.next(max(asked, period_s if not down else 0.0)))
                 continue
             except Exception:  # a bug in one cycle must not stop scheduling for good
                 log.exception("gang scheduling cycle crashed")
